@@ -1,0 +1,40 @@
+// Linear (y = x W^T) kernels on fp32 activations and f32 / bf16 / fp8-block-scaled weights.
+//
+// Determinism contract, relied on by the layer's bitwise guarantees: the bits of y[m, n] depend only on
+// row m of x, row n of W and the active ISA; not on M, on the [n0, n1) range, on the thread, or on which
+// other rows are computed in the same call. So tiles may be cut anywhere and tokens grouped any way.
+//
+// All functions are called from inside operation tiles: they never allocate and never throw.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "kernels/weight.h"
+
+namespace moe {
+
+// The instruction sets a kernel can run on, chosen at run time (best available by default).
+enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAvx512Bf16 };
+std::string_view isa_name(Isa isa);
+Isa best_isa();                 // what this CPU supports and this build compiled
+Isa active_isa();               // what the kernels use now
+void set_active_isa(Isa isa);   // tests run every compiled path; throws if the CPU lacks it
+bool isa_supported(Isa isa);
+
+// y[m * ldy + n] = sum_k x[m * ldx + k] * W[n, k]   for m in [0, M), n in [n0, n1).
+void linear(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
+            int64_t ldy);
+
+// h[m * ldh + i] = silu(x . gate[i]) * (x . up[i])  for m in [0, M), i in [i0, i1).
+// Bitwise equal to linear() of gate and up followed by silu_mul().
+void gate_up_silu(const float* x, int64_t M, int64_t ldx, const WeightView& gate, const WeightView& up,
+                  int64_t i0, int64_t i1, float* h, int64_t ldh);
+
+// h[i] = silu(g[i]) * u[i], silu(z) = z / (1 + exp(-z)).
+void silu_mul(const float* g, const float* u, float* h, int64_t n);
+
+inline float silu(float z) { return z / (1.0f + __builtin_expf(-z)); }
+inline float sigmoid(float z) { return 1.0f / (1.0f + __builtin_expf(-z)); }
+
+}  // namespace moe

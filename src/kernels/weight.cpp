@@ -1,0 +1,41 @@
+#include "kernels/weight.h"
+
+#include <cassert>
+
+namespace moe {
+
+namespace {
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+int64_t WeightView::bytes() const {
+  int64_t n = rows * cols * static_cast<int64_t>(dtype_size(dtype));
+  if (dtype == DType::kF8E4M3) n += ceil_div(rows, 128) * ceil_div(cols, 128) * 4;
+  return n;
+}
+
+WeightView WeightView::row_slice(int64_t r0, int64_t r1) const {
+  assert(layout == WeightLayout::kRowMajor && 0 <= r0 && r0 <= r1 && r1 <= rows);
+  WeightView v = *this;
+  v.data = static_cast<const char*>(data) + r0 * cols * static_cast<int64_t>(dtype_size(dtype));
+  v.rows = r1 - r0;
+  if (dtype == DType::kF8E4M3) {
+    assert(r0 % 128 == 0);
+    v.scale_inv = scale_inv + (r0 / 128) * ceil_div(cols, 128);
+  }
+  return v;
+}
+
+float weight_at(const WeightView& w, int64_t r, int64_t c) {
+  const int64_t i = r * w.cols + c;
+  switch (w.dtype) {
+    case DType::kF32: return static_cast<const float*>(w.data)[i];
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(w.data)[i]);
+    case DType::kF8E4M3:
+      return fp8e4m3_to_f32(static_cast<const uint8_t*>(w.data)[i]) *
+             w.scale_inv[(r / 128) * ceil_div(w.cols, 128) + c / 128];
+  }
+  return 0.0f;
+}
+
+}  // namespace moe

@@ -1,0 +1,35 @@
+// A read-only view of one weight matrix, stored [rows = out, cols = in] as in the checkpoints (y = x W^T).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace moe {
+
+// How the bytes behind WeightView::data are arranged.
+//   kRowMajor: the checkpoint layout, row r at data + r * cols * dtype_size.
+//   kPacked:   a SIMD-friendly layout made once at load by pack_weight() (kernels/pack.h); only the
+//              kernels read it.
+enum class WeightLayout : uint8_t { kRowMajor, kPacked };
+
+struct WeightView {
+  DType dtype = DType::kF32;
+  WeightLayout layout = WeightLayout::kRowMajor;
+  const void* data = nullptr;
+  int64_t rows = 0;  // out features
+  int64_t cols = 0;  // in features
+  // fp8 only: [ceil(rows / 128), ceil(cols / 128)] row-major, W = fp8 * scale_inv of the block.
+  const float* scale_inv = nullptr;
+
+  bool empty() const { return data == nullptr; }
+  // Bytes of weight data (and scales) a full read of this matrix touches.
+  int64_t bytes() const;
+  // Rows [r0, r1) as a view of its own (row-major only; fp8 needs r0 % 128 == 0).
+  WeightView row_slice(int64_t r0, int64_t r1) const;
+};
+
+// One weight element as fp32 (row-major views): the scalar definition every kernel is tested against.
+float weight_at(const WeightView& w, int64_t r, int64_t c);
+
+}  // namespace moe

@@ -1,0 +1,45 @@
+// The weights of one MoE layer, as views. Whoever fills a LayerWeights (the checkpoint loader, the random
+// generator) keeps the bytes alive through `storage`; the layer only reads them.
+#pragma once
+
+#include <any>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/weight.h"
+#include "model/config.h"
+
+namespace moe {
+
+struct ExpertWeights {
+  WeightView gate;  // [I, H]
+  WeightView up;    // [I, H]
+  WeightView down;  // [H, I]
+  int64_t bytes() const { return gate.bytes() + up.bytes() + down.bytes(); }
+};
+
+struct LayerWeights {
+  WeightView router;                      // [E, H], f32 or bf16 (never fp8); logits computed in fp32
+  const float* correction_bias = nullptr;  // [E] f32, noaux_tc only
+  // Experts [0, num_local_experts) of E. With fewer than E (one expert-parallel rank's share, or --experts N)
+  // routing still runs over all E experts and tokens routed elsewhere contribute nothing here.
+  std::vector<ExpertWeights> experts;
+  ExpertWeights shared;                   // [Is, H] / [H, Is]; empty views when the model has none
+  WeightView shared_gate;                 // [1, H] (Qwen); empty otherwise
+  std::vector<std::any> storage;          // owners of the bytes (mappings, buffers)
+
+  int64_t num_local_experts() const { return static_cast<int64_t>(experts.size()); }
+  // Checks every view against the config (shapes, dtypes, presence); throws ConfigError naming the tensor.
+  void validate(const MoeConfig& config) const;
+};
+
+struct RandomWeightOptions {
+  DType dtype = DType::kBF16;       // expert and shared weights; the router is bf16 unless dtype is f32
+  uint64_t seed = 0;
+  int64_t num_local_experts = -1;   // -1: all experts
+  float scale = 0.0f;               // 0: 1/sqrt(fan_in), like a trained layer's magnitude
+};
+// Seeded random weights with the layer's real shapes (fp8: random codes with random per-block scales).
+LayerWeights make_random_weights(const MoeConfig& config, const RandomWeightOptions& options);
+
+}  // namespace moe

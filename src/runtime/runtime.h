@@ -1,0 +1,191 @@
+// The stream runtime: devices, streams and events with CUDA's semantics.
+//
+// Every piece of the project runs on this interface: the MoE layer enqueues its operations here, graph mode
+// captures them, the sanitizer checks them. The CPU device behaves like a GPU with several streams: a pool of
+// worker threads (the "multiprocessors") takes tiles of the ready head operation of every stream, higher
+// priority first.
+//
+// Example:
+//   auto dev = moe::rt::make_cpu_device({.num_workers = 2});
+//   moe::rt::Stream main = dev->default_stream();
+//   moe::rt::Stream side = dev->stream_for("11");        // same tag, same stream, process-wide
+//   moe::rt::Event fork, join;
+//   main.record(fork);  side.wait(fork);                   // side sees all work enqueued on main so far
+//   side.launch({.name = "shared_expert", .num_tiles = 8, .tile = [&](int t) { ... }});
+//   side.record(join);  main.wait(join);
+//   main.synchronize();                                    // rethrows a tile's exception, with the op name
+//
+// Event rules (exactly CUDA's):
+//   - record(e) captures the work enqueued on the stream so far; re-recording overwrites the capture;
+//   - wait(e) binds to the latest record at the time of the wait; a later re-record does not move it;
+//   - waiting on a never-recorded event is a no-op; query() of a never-recorded event is true;
+//   - every call here is asynchronous to the host except synchronize().
+//
+// Priorities follow CUDA: a LOWER number is a HIGHER priority (kPriorityHigh = -1 < kPriorityDefault = 0).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace moe::rt {
+
+class Device;
+class Graph;
+struct StreamImpl;
+struct EventImpl;
+
+inline constexpr int kPriorityDefault = 0;
+inline constexpr int kPriorityHigh = -1;
+
+// A byte range an operation reads or writes. Declared on every operation so that the sanitizer can check
+// cross-stream ordering and graph mode can check that a replay uses the captured buffers.
+enum class AccessMode : uint8_t { kRead, kWrite, kReadWrite };
+struct Access {
+  const void* ptr = nullptr;
+  size_t bytes = 0;
+  AccessMode mode = AccessMode::kRead;
+};
+inline Access reads(const void* p, size_t bytes) { return {p, bytes, AccessMode::kRead}; }
+inline Access writes(const void* p, size_t bytes) { return {p, bytes, AccessMode::kWrite}; }
+inline Access updates(const void* p, size_t bytes) { return {p, bytes, AccessMode::kReadWrite}; }
+
+// One operation: a grid of independent tiles. tile(t) is called exactly once for every t in [0, num_tiles),
+// on any worker, possibly concurrently with other tiles of the same operation. An operation with
+// num_tiles == 0 completes at once (an empty expert costs nothing).
+//
+// A polling operation (poll set, tile empty) models work that happens elsewhere (a network transfer): the
+// scheduler calls poll() from time to time, never concurrently with itself, until it returns true. It never
+// occupies a worker between polls.
+struct Op {
+  std::string name;
+  int num_tiles = 1;
+  std::function<void(int tile)> tile;
+  std::function<bool()> poll;
+  std::vector<Access> accesses;
+};
+
+// Raised by synchronize() when an operation on the stream threw. what() names the operation and the stream.
+class StreamError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// An event handle. Copies share the same event (like cudaEvent_t).
+class Event {
+ public:
+  Event();
+  // True when the captured work is complete, or the event was never recorded.
+  bool query() const;
+  // Blocks the host until query() is true. Does not rethrow stream errors (synchronize the stream for that).
+  void synchronize() const;
+  bool recorded() const;
+  const std::shared_ptr<EventImpl>& impl() const { return impl_; }
+
+ private:
+  std::shared_ptr<EventImpl> impl_;
+};
+
+// A stream handle. Copies share the same stream (like cudaStream_t). A default-constructed Stream is null.
+class Stream {
+ public:
+  Stream() = default;
+  explicit Stream(std::shared_ptr<StreamImpl> impl) : impl_(std::move(impl)) {}
+
+  // Enqueue an operation; returns at once. On a stream in the error state the operation is skipped.
+  void launch(Op op);
+  void record(Event& event);
+  void wait(const Event& event);
+  // wait on a fresh event recorded on `other` now.
+  void wait_stream(Stream& other);
+  // Blocks until all enqueued work is done. Rethrows the first error of this stream as StreamError (once;
+  // the stream is usable again afterwards).
+  void synchronize();
+  // True when all enqueued work is done.
+  bool query() const;
+
+  int priority() const;
+  int id() const;
+  const std::string& name() const;
+  Device& device() const;
+  explicit operator bool() const { return impl_ != nullptr; }
+  bool operator==(const Stream& o) const { return impl_ == o.impl_; }
+  const std::shared_ptr<StreamImpl>& impl() const { return impl_; }
+
+ private:
+  std::shared_ptr<StreamImpl> impl_;
+};
+
+// What tracing records for one tile and for one operation. Times are nanoseconds since the device started.
+struct TileRecord {
+  int tile = 0;
+  int worker = 0;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+};
+struct OpRecord {
+  int stream_id = 0;
+  std::string stream_name;
+  std::string name;
+  uint64_t seq = 0;  // position of the operation on its stream (1-based, counts ops, records and waits)
+  int64_t enqueue_ns = 0;
+  int64_t start_ns = 0;  // first tile start (or first poll)
+  int64_t end_ns = 0;    // completion
+  std::vector<TileRecord> tiles;
+};
+// An event edge as traced: `record` on one stream released a `wait` on another.
+struct EdgeRecord {
+  int from_stream = 0;
+  uint64_t from_seq = 0;  // the stream position the event captured
+  int to_stream = 0;
+  uint64_t to_seq = 0;  // the position of the wait on the waiting stream
+  int64_t time_ns = 0;
+};
+struct Trace {
+  std::vector<OpRecord> ops;
+  std::vector<EdgeRecord> edges;
+  int num_workers = 0;
+};
+
+struct CpuDeviceOptions {
+  int num_workers = 0;  // 0: one per core
+  int spin_us = 50;     // how long an idle worker spins before it sleeps
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual Stream default_stream() = 0;
+  virtual Stream create_stream(int priority = kPriorityDefault, std::string name = "") = 0;
+  // The process-wide tag registry of this device: the same tag always returns the same stream.
+  virtual Stream stream_for(const std::string& tag, int priority = kPriorityDefault) = 0;
+  virtual int num_workers() const = 0;
+  // Blocks until every stream is idle.
+  virtual void synchronize() = 0;
+
+  // Tracing costs one branch per operation when off.
+  virtual void set_tracing(bool on) = 0;
+  virtual Trace take_trace() = 0;
+  virtual std::string kind() const = 0;
+};
+
+std::unique_ptr<Device> make_cpu_device(const CpuDeviceOptions& options = {});
+
+// The scoped "current stream" of the calling thread (the `with stream(s):` of the seeds).
+Stream current_stream(Device& device);  // the guard's stream, or the device's default stream
+class StreamGuard {
+ public:
+  explicit StreamGuard(Stream s);
+  ~StreamGuard();
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  Stream previous_;
+};
+
+}  // namespace moe::rt
