@@ -151,9 +151,41 @@ struct Trace {
   int num_workers = 0;
 };
 
+// Schedule fuzzing (off by default): perturbs timing and order without changing any dependency, so a correct
+// program gives the same output under every setting.
+struct FuzzOptions {
+  uint64_t seed = 0;              // 0: off
+  int max_delay_us = 0;           // random sleep before a tile, in [0, max_delay_us]
+  bool shuffle_tiles = false;     // hand out the tiles of an operation in a random order
+  // Run one stream at a time: a stream's ready operation starts only when no operation of another stream
+  // is running. With `serialize_reverse`, streams created later are preferred (the other order).
+  bool serialize_streams = false;
+  bool serialize_reverse = false;
+};
+
 struct CpuDeviceOptions {
   int num_workers = 0;  // 0: one per core
   int spin_us = 50;     // how long an idle worker spins before it sleeps
+  FuzzOptions fuzz;
+};
+
+// Host-side hooks called in program order at enqueue time (not at execution), from the thread that called
+// the stream API, like the callbacks PyTorch's CUDA sanitizer uses. The sanitizer (runtime/sanitizer.h) is one.
+// `seq` is the position on the stream. Callbacks may throw; the exception propagates to the caller of the API.
+class Observer {
+ public:
+  virtual ~Observer() = default;
+  virtual void on_stream_created(const Stream& s) {}
+  virtual void on_launch(const Stream& s, uint64_t seq, const Op& op) {}
+  virtual void on_record(const Stream& s, uint64_t seq, const Event& e) {}
+  // `e` as bound at the time of the wait (a no-op wait on a never-recorded event is still reported).
+  virtual void on_wait(const Stream& s, uint64_t seq, const Event& e) {}
+  virtual void on_stream_synchronize(const Stream& s) {}
+  virtual void on_event_synchronize(const Event& e) {}
+  virtual void on_device_synchronize() {}
+  // A buffer's lifetime as the allocator sees it: after on_free, a later on_alloc may return the same bytes.
+  virtual void on_alloc(const void* p, size_t bytes) {}
+  virtual void on_free(const void* p, size_t bytes) {}
 };
 
 class Device {
@@ -171,6 +203,13 @@ class Device {
   virtual void set_tracing(bool on) = 0;
   virtual Trace take_trace() = 0;
   virtual std::string kind() const = 0;
+
+  // Observers see every later API call on this device. Not thread-safe against concurrent API calls.
+  virtual void add_observer(std::shared_ptr<Observer> observer) = 0;
+  virtual void remove_observer(const Observer* observer) = 0;
+  // Buffer lifetimes reported to the observers by whoever owns the memory (workspaces, the layer's outputs).
+  virtual void notify_alloc(const void* p, size_t bytes) = 0;
+  virtual void notify_free(const void* p, size_t bytes) = 0;
 };
 
 std::unique_ptr<Device> make_cpu_device(const CpuDeviceOptions& options = {});
