@@ -1,0 +1,293 @@
+// The CPU device: streams, the tag registry, enqueueing and host-side waiting. The worker side of the
+// scheduler is in cpu_scheduler.cpp.
+//
+// Lifetime: the device owns its core; the core owns every stream it created. A Stream or Event handle that
+// outlives its device keeps its memory (query() still answers) but launch/record/wait throw std::logic_error
+// naming the stream, and synchronize() returns at once: the device drained all work when it was destroyed.
+#include "runtime/cpu_device.h"
+
+#include <algorithm>
+#include <numeric>
+#include <stdexcept>
+
+namespace moe::rt {
+
+CpuCore::CpuCore(Device* dev, const CpuDeviceOptions& options)
+    : options_(options),
+      num_workers_(options.num_workers > 0 ? options.num_workers
+                                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))),
+      t0_(std::chrono::steady_clock::now()),
+      rng_(options.fuzz.seed) {
+  device = dev;
+  if (options.num_workers < 0) {
+    throw std::invalid_argument("CpuDeviceOptions::num_workers must be >= 0 (0: one per core), got " +
+                                std::to_string(options.num_workers));
+  }
+  if (options.spin_us < 0 || options.fuzz.max_delay_us < 0) {
+    throw std::invalid_argument("CpuDeviceOptions: spin_us and fuzz.max_delay_us must be >= 0");
+  }
+  trace_.num_workers = num_workers_;
+}
+
+CpuCore::~CpuCore() { shutdown(); }
+
+void CpuCore::start() {
+  workers_.reserve(num_workers_);
+  for (int w = 0; w < num_workers_; ++w) workers_.emplace_back([this, w] { worker_main(w); });
+}
+
+void CpuCore::shutdown() {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (stop_) return;
+  wait_until(lk, [this] { return all_idle(); });
+  stop_ = true;
+  bump();
+  work_cv_.notify_all();
+  lk.unlock();
+  for (auto& t : workers_) t.join();
+  workers_.clear();
+}
+
+int64_t CpuCore::now_ns() const {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+std::shared_ptr<CpuStream> CpuCore::create_stream(int priority, std::string name,
+                                                  std::weak_ptr<DeviceCore> self) {
+  auto s = std::make_shared<CpuStream>();
+  s->core = std::move(self);
+  s->device = device;
+  s->priority = priority;
+  std::lock_guard<std::mutex> lk(mu_);
+  s->id = static_cast<int>(streams_.size());
+  s->name = name.empty() ? "stream" + std::to_string(s->id) : std::move(name);
+  streams_.push_back(s);
+  order_.push_back(s.get());
+  if (options_.fuzz.serialize_streams) {
+    // Creation order (or its reverse) replaces priorities: the fuzzer wants both one-at-a-time orders.
+    if (options_.fuzz.serialize_reverse) std::rotate(order_.begin(), order_.end() - 1, order_.end());
+  } else {
+    std::stable_sort(order_.begin(), order_.end(),
+                     [](const CpuStream* a, const CpuStream* b) { return a->priority < b->priority; });
+  }
+  return s;
+}
+
+// ---- enqueue -------------------------------------------------------------------------------------------
+
+CpuEntry& CpuCore::push_entry(CpuStream& s, CpuEntry::Kind kind) {
+  CpuEntry& e = s.queue.emplace_back();
+  e.kind = kind;
+  e.seq = s.enqueued.load(std::memory_order_relaxed) + 1;
+  s.enqueued.store(e.seq, std::memory_order_release);
+  return e;
+}
+
+// A new entry at the head of an idle stream may complete at once (a record, a satisfied wait, an empty op);
+// anything else needs the workers.
+void CpuCore::after_push(CpuStream& s) {
+  if (s.queue.size() == 1 && advance(s)) advance_all();
+  bump();
+}
+
+uint64_t CpuCore::enqueue_op(const std::shared_ptr<StreamImpl>& si, Op&& op) {
+  auto& s = static_cast<CpuStream&>(*si);
+  std::lock_guard<std::mutex> lk(mu_);
+  CpuEntry& e = push_entry(s, CpuEntry::Kind::kOp);
+  e.op = std::move(op);
+  if (!e.op.tile) e.op.num_tiles = 0;  // a pure polling op
+  if (options_.fuzz.shuffle_tiles && e.op.num_tiles > 1) {
+    e.tile_order.resize(e.op.num_tiles);
+    std::iota(e.tile_order.begin(), e.tile_order.end(), 0);
+    std::shuffle(e.tile_order.begin(), e.tile_order.end(), rng_);
+  }
+  if (tracing_) {
+    e.trace = std::make_unique<OpRecord>();
+    e.trace->stream_id = s.id;
+    e.trace->stream_name = s.name;
+    e.trace->name = e.op.name;
+    e.trace->seq = e.seq;
+    e.trace->enqueue_ns = now_ns();
+    e.trace->tiles.reserve(e.op.num_tiles);
+  }
+  uint64_t seq = e.seq;
+  after_push(s);
+  return seq;
+}
+
+uint64_t CpuCore::enqueue_record(const std::shared_ptr<StreamImpl>& si, EventImpl& event) {
+  auto& s = static_cast<CpuStream&>(*si);
+  std::lock_guard<std::mutex> lk(mu_);
+  CpuEntry& e = push_entry(s, CpuEntry::Kind::kRecord);
+  uint64_t seq = e.seq;
+  // Bind before the record can complete so that a waiter never sees a half-made binding.
+  EventBinding b;
+  b.stream = si;
+  b.seq = seq;
+  event.set(std::move(b));
+  after_push(s);
+  return seq;
+}
+
+uint64_t CpuCore::enqueue_wait(const std::shared_ptr<StreamImpl>& si, const EventBinding& binding) {
+  auto& s = static_cast<CpuStream&>(*si);
+  std::lock_guard<std::mutex> lk(mu_);
+  CpuEntry& e = push_entry(s, CpuEntry::Kind::kWait);
+  e.wait_stream = binding.stream;
+  e.wait_seq = binding.seq;
+  uint64_t seq = e.seq;
+  after_push(s);
+  return seq;
+}
+
+// ---- host waiting --------------------------------------------------------------------------------------
+
+// Spins briefly (a finishing op usually completes within microseconds), then sleeps on host_cv_.
+void CpuCore::wait_until(std::unique_lock<std::mutex>& lk, const std::function<bool()>& done) {
+  if (done()) return;
+  if (options_.spin_us > 0) {
+    lk.unlock();
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(options_.spin_us);
+    uint64_t g = gen_.load(std::memory_order_acquire);
+    while (std::chrono::steady_clock::now() < deadline) {
+      uint64_t g2 = gen_.load(std::memory_order_acquire);
+      if (g2 != g) {
+        lk.lock();
+        if (done()) return;
+        lk.unlock();
+        g = g2;
+      }
+      std::this_thread::yield();
+    }
+    lk.lock();
+  }
+  ++num_host_waiters_;
+  host_cv_.wait(lk, done);
+  --num_host_waiters_;
+}
+
+void CpuCore::synchronize_stream(StreamImpl& si) {
+  auto& s = static_cast<CpuStream&>(si);
+  std::unique_lock<std::mutex> lk(mu_);
+  wait_until(lk, [&s] { return s.queue.empty(); });
+  if (s.error) {
+    s.error = false;
+    std::string msg = std::move(s.error_message);
+    s.error_message.clear();
+    throw StreamError(msg);
+  }
+}
+
+void CpuCore::wait_host(StreamImpl& s, uint64_t seq) {
+  std::unique_lock<std::mutex> lk(mu_);
+  wait_until(lk, [&s, seq] { return s.completed.load(std::memory_order_acquire) >= seq; });
+}
+
+bool CpuCore::all_idle() const {
+  for (const auto& s : streams_) {
+    if (!s->queue.empty()) return false;
+  }
+  return true;
+}
+
+void CpuCore::synchronize_all() {
+  std::unique_lock<std::mutex> lk(mu_);
+  wait_until(lk, [this] { return all_idle(); });
+  for (const auto& s : streams_) {
+    if (s->error) {
+      s->error = false;
+      std::string msg = std::move(s->error_message);
+      s->error_message.clear();
+      throw StreamError(msg);
+    }
+  }
+}
+
+void CpuCore::set_tracing(bool on) {
+  std::lock_guard<std::mutex> lk(mu_);
+  tracing_ = on;
+}
+
+Trace CpuCore::take_trace() {
+  std::lock_guard<std::mutex> lk(mu_);
+  Trace t = std::move(trace_);
+  trace_ = Trace{};
+  trace_.num_workers = num_workers_;
+  t.num_workers = num_workers_;
+  return t;
+}
+
+// ---- the Device ----------------------------------------------------------------------------------------
+
+namespace {
+
+class CpuDevice final : public Device {
+ public:
+  explicit CpuDevice(const CpuDeviceOptions& options) : core_(std::make_shared<CpuCore>(this, options)) {
+    core_->start();
+    default_ = make_stream(kPriorityDefault, "default");
+  }
+  ~CpuDevice() override { core_->shutdown(); }
+
+  Stream default_stream() override { return default_; }
+  Stream create_stream(int priority, std::string name) override { return make_stream(priority, std::move(name)); }
+  Stream stream_for(const std::string& tag, int priority) override {
+    std::lock_guard<std::mutex> lk(tag_mu_);
+    auto it = tags_.find(tag);
+    if (it != tags_.end()) return it->second;
+    Stream s = make_stream(priority, tag);
+    tags_.emplace(tag, s);
+    return s;
+  }
+  int num_workers() const override { return core_->num_workers(); }
+  void synchronize() override {
+    for (auto& o : core_->observers) o->on_device_synchronize();
+    core_->synchronize_all();
+  }
+  void set_tracing(bool on) override { core_->set_tracing(on); }
+  Trace take_trace() override { return core_->take_trace(); }
+  std::string kind() const override { return "cpu"; }
+
+  void add_observer(std::shared_ptr<Observer> observer) override {
+    if (!observer) throw std::invalid_argument("Device::add_observer: null observer");
+    core_->observers.push_back(std::move(observer));
+  }
+  void remove_observer(const Observer* observer) override {
+    auto& v = core_->observers;
+    v.erase(std::remove_if(v.begin(), v.end(), [&](const auto& o) { return o.get() == observer; }), v.end());
+  }
+  void notify_alloc(const void* p, size_t bytes) override;
+  void notify_free(const void* p, size_t bytes) override {
+    for (auto& o : core_->observers) o->on_free(p, bytes);
+  }
+
+ private:
+  Stream make_stream(int priority, std::string name) {
+    auto s = core_->create_stream(priority, std::move(name), core_);
+    Stream handle(s);
+    for (auto& o : core_->observers) o->on_stream_created(handle);
+    return handle;
+  }
+
+  std::shared_ptr<CpuCore> core_;
+  Stream default_;
+  std::mutex tag_mu_;
+  std::map<std::string, Stream> tags_;
+};
+
+void CpuDevice::notify_alloc(const void* p, size_t bytes) {
+  if (core_->active_capture) {
+    throw std::logic_error("Device::notify_alloc of " + std::to_string(bytes) +
+                           " bytes during graph capture: allocate every buffer before begin_capture (a replay "
+                           "reuses the captured pointers)");
+  }
+  for (auto& o : core_->observers) o->on_alloc(p, bytes);
+}
+
+}  // namespace
+
+std::unique_ptr<Device> make_cpu_device(const CpuDeviceOptions& options) {
+  return std::make_unique<CpuDevice>(options);
+}
+
+}  // namespace moe::rt

@@ -1,0 +1,124 @@
+// Internal: the CPU device. A pool of worker threads acts as a GPU's multiprocessors; every stream is an
+// in-order queue of entries (ops, event records, event waits) and the scheduler hands free workers tiles of
+// the ready head op of every stream, highest priority (lowest number) first.
+//
+// Invariants (all under CpuCore::mu_):
+//   - a stream's queue holds its entries not yet completed, in order; `completed` is the seq of the last
+//     entry popped, so an event bound to (stream, seq) is complete exactly when completed >= seq;
+//   - records, satisfied waits, empty ops and ops of a stream in the error state never stay at the head:
+//     advance() completes them as soon as they get there, so a worker only ever sees ops with work to do
+//     and unsatisfied waits, which it skips (no worker ever blocks on an event).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "runtime/stream_impl.h"
+
+namespace moe::rt {
+
+struct CpuEntry {
+  enum class Kind : uint8_t { kOp, kRecord, kWait };
+  Kind kind = Kind::kOp;
+  uint64_t seq = 0;
+  Op op;
+  // kWait: the binding captured at wait time (null stream: never recorded, a no-op).
+  std::shared_ptr<StreamImpl> wait_stream;
+  uint64_t wait_seq = 0;
+  // kOp progress.
+  int next_tile = 0;
+  int tiles_done = 0;
+  bool started = false;
+  bool polling = false;     // a worker is inside poll() now
+  bool poll_phase = false;  // tiles done, polling until poll() returns true
+  int64_t next_poll_ns = 0;
+  std::vector<int> tile_order;        // shuffled tile order (fuzzing only)
+  std::unique_ptr<OpRecord> trace;    // tracing only
+};
+
+struct CpuStream : StreamImpl {
+  std::deque<CpuEntry> queue;
+  bool error = false;  // set by a failed op; cleared when synchronize() reports it
+  std::string error_message;
+};
+
+// What a worker took from the scheduler: one tile, or one poll() call.
+struct CpuWork {
+  CpuStream* stream = nullptr;
+  CpuEntry* entry = nullptr;
+  int tile = -1;  // -1: a poll
+  bool run = true;  // false: the stream failed meanwhile; count the tile without running it
+  int delay_us = 0;
+};
+
+class CpuCore : public DeviceCore {
+ public:
+  CpuCore(Device* dev, const CpuDeviceOptions& options);
+  ~CpuCore() override;
+  void start();  // spawns the workers (after the core is owned by a shared_ptr)
+  void shutdown();  // drains every stream, then stops and joins the workers
+
+  std::shared_ptr<CpuStream> create_stream(int priority, std::string name, std::weak_ptr<DeviceCore> self);
+  void synchronize_all();
+  void set_tracing(bool on);
+  Trace take_trace();
+  int num_workers() const { return num_workers_; }
+
+  uint64_t enqueue_op(const std::shared_ptr<StreamImpl>& s, Op&& op) override;
+  uint64_t enqueue_record(const std::shared_ptr<StreamImpl>& s, EventImpl& event) override;
+  uint64_t enqueue_wait(const std::shared_ptr<StreamImpl>& s, const EventBinding& binding) override;
+  void synchronize_stream(StreamImpl& s) override;
+  void wait_host(StreamImpl& s, uint64_t seq) override;
+
+ private:
+  int64_t now_ns() const;
+  CpuEntry& push_entry(CpuStream& s, CpuEntry::Kind kind);
+  void after_push(CpuStream& s);
+  // Scheduler (cpu_scheduler.cpp).
+  void worker_main(int worker);
+  bool pick(CpuWork& work);
+  bool pick_from(CpuStream& s, CpuWork& work, int64_t now);
+  void run_work(const CpuWork& work, int worker, std::unique_lock<std::mutex>& lk);
+  void finish_tile(const CpuWork& work, int worker, int64_t t0, int64_t t1, const std::string* error);
+  void finish_poll(const CpuWork& work, bool done, const std::string* error);
+  void fail(CpuStream& s, const CpuEntry& e, const std::string& what);
+  void complete_head(CpuStream& s);
+  bool advance(CpuStream& s);
+  void advance_all();
+  void bump();
+  void idle(std::unique_lock<std::mutex>& lk);
+  void wait_until(std::unique_lock<std::mutex>& lk, const std::function<bool()>& done);
+  bool all_idle() const;
+
+  const CpuDeviceOptions options_;
+  const int num_workers_;
+  const std::chrono::steady_clock::time_point t0_;
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;  // idle workers
+  std::condition_variable host_cv_;  // host threads in synchronize
+  std::atomic<uint64_t> gen_{0};     // bumped on every scheduling change; idle workers spin on it
+  int num_sleepers_ = 0;
+  int num_host_waiters_ = 0;
+  int num_poll_heads_ = 0;  // ops in their poll phase: sleeping workers must wake up to poll them
+  bool stop_ = false;
+
+  std::vector<std::shared_ptr<CpuStream>> streams_;  // creation order; owns the streams
+  std::vector<CpuStream*> order_;                    // scheduling order: priority, then creation
+  CpuStream* serial_owner_ = nullptr;  // fuzz.serialize_streams: the stream whose op is running
+  std::mt19937_64 rng_;
+  bool tracing_ = false;
+  Trace trace_;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace moe::rt

@@ -1,0 +1,219 @@
+// The worker side of the CPU device: workers take tiles (or poll() calls) of the ready head op of every
+// stream, in scheduling order, run them without the lock, and complete the op when its last tile is done.
+//
+// Everything here runs under CpuCore::mu_ except the tile and poll calls themselves. Entries live in a
+// std::deque, whose references survive push_back, so a worker may hold a CpuEntry* while unlocked; the entry
+// is popped only by whoever finishes its last tile or poll.
+#include <stdexcept>
+
+#include "runtime/cpu_device.h"
+
+namespace moe::rt {
+
+namespace {
+// How often an op in its poll phase is polled when nothing else is ready.
+constexpr int64_t kPollIntervalNs = 20'000;
+
+std::string describe_failure(const CpuStream& s, const CpuEntry& e, const std::string& what) {
+  return "op '" + e.op.name + "' (position " + std::to_string(e.seq) + ") on stream '" + s.name + "' (id " +
+         std::to_string(s.id) + ") failed: " + what;
+}
+}  // namespace
+
+void CpuCore::bump() {
+  gen_.fetch_add(1, std::memory_order_release);
+  if (num_sleepers_ > 0) work_cv_.notify_all();
+  if (num_host_waiters_ > 0) host_cv_.notify_all();
+}
+
+void CpuCore::worker_main(int worker) {
+  std::unique_lock<std::mutex> lk(mu_);
+  CpuWork work;
+  for (;;) {
+    if (pick(work)) {
+      run_work(work, worker, lk);
+      continue;
+    }
+    if (stop_) return;
+    idle(lk);
+  }
+}
+
+void CpuCore::idle(std::unique_lock<std::mutex>& lk) {
+  uint64_t g = gen_.load(std::memory_order_acquire);
+  if (options_.spin_us > 0) {
+    lk.unlock();
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(options_.spin_us);
+    while (gen_.load(std::memory_order_acquire) == g && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    lk.lock();
+    if (gen_.load(std::memory_order_acquire) != g || stop_) return;
+  }
+  auto changed = [&] { return stop_ || gen_.load(std::memory_order_acquire) != g; };
+  ++num_sleepers_;
+  if (num_poll_heads_ > 0) {
+    work_cv_.wait_for(lk, std::chrono::nanoseconds(kPollIntervalNs), changed);
+  } else {
+    work_cv_.wait(lk, changed);
+  }
+  --num_sleepers_;
+}
+
+bool CpuCore::pick(CpuWork& work) {
+  int64_t now = num_poll_heads_ > 0 ? now_ns() : 0;
+  for (CpuStream* s : order_) {
+    if (pick_from(*s, work, now)) return true;
+  }
+  return false;
+}
+
+bool CpuCore::pick_from(CpuStream& s, CpuWork& work, int64_t now) {
+  if (s.queue.empty()) return false;
+  CpuEntry& e = s.queue.front();
+  if (e.kind != CpuEntry::Kind::kOp) return false;  // an unsatisfied wait: a dependency, not work
+  if (options_.fuzz.serialize_streams && serial_owner_ != nullptr && serial_owner_ != &s) return false;
+  if (e.poll_phase) {
+    if (e.polling || now < e.next_poll_ns) return false;
+    e.polling = true;
+    work.tile = -1;
+  } else {
+    if (e.next_tile >= e.op.num_tiles) return false;
+    int i = e.next_tile++;
+    work.tile = e.tile_order.empty() ? i : e.tile_order[i];
+  }
+  if (!e.started) {
+    e.started = true;
+    if (e.trace) e.trace->start_ns = now_ns();
+    if (options_.fuzz.serialize_streams) serial_owner_ = &s;
+  }
+  work.stream = &s;
+  work.entry = &e;
+  work.run = !s.error;
+  work.delay_us = options_.fuzz.max_delay_us > 0
+                      ? std::uniform_int_distribution<int>(0, options_.fuzz.max_delay_us)(rng_)
+                      : 0;
+  return true;
+}
+
+void CpuCore::run_work(const CpuWork& work, int worker, std::unique_lock<std::mutex>& lk) {
+  const bool tracing = work.entry->trace != nullptr;  // set at enqueue, before this worker saw the entry
+  lk.unlock();
+  if (work.delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(work.delay_us));
+  std::string error;
+  bool failed = false;
+  bool done = false;
+  int64_t t0 = tracing ? now_ns() : 0;
+  try {
+    if (work.tile < 0) {
+      done = work.entry->op.poll();
+    } else if (work.run) {
+      work.entry->op.tile(work.tile);
+    }
+  } catch (const std::exception& ex) {
+    failed = true;
+    error = ex.what();
+  } catch (...) {
+    failed = true;
+    error = "unknown exception";
+  }
+  int64_t t1 = tracing ? now_ns() : 0;
+  lk.lock();
+  if (work.tile < 0) {
+    finish_poll(work, done, failed ? &error : nullptr);
+  } else {
+    finish_tile(work, worker, t0, t1, failed ? &error : nullptr);
+  }
+}
+
+void CpuCore::fail(CpuStream& s, const CpuEntry& e, const std::string& what) {
+  if (s.error) return;  // the first error is the one reported
+  s.error = true;
+  s.error_message = describe_failure(s, e, what);
+}
+
+void CpuCore::finish_tile(const CpuWork& work, int worker, int64_t t0, int64_t t1, const std::string* error) {
+  CpuStream& s = *work.stream;
+  CpuEntry& e = *work.entry;
+  if (error) fail(s, e, *error);
+  if (e.trace && work.run) e.trace->tiles.push_back(TileRecord{work.tile, worker, t0, t1});
+  if (++e.tiles_done < e.op.num_tiles) return;
+  if (e.op.poll && !s.error) {
+    e.poll_phase = true;
+    ++num_poll_heads_;
+    bump();
+    return;
+  }
+  complete_head(s);
+}
+
+void CpuCore::finish_poll(const CpuWork& work, bool done, const std::string* error) {
+  CpuStream& s = *work.stream;
+  CpuEntry& e = *work.entry;
+  e.polling = false;
+  if (error) fail(s, e, *error);
+  if (done || error) {
+    --num_poll_heads_;
+    complete_head(s);
+  } else {
+    e.next_poll_ns = now_ns() + kPollIntervalNs;
+  }
+}
+
+// Pops the head op that a worker finished, then lets every stream move on.
+void CpuCore::complete_head(CpuStream& s) {
+  CpuEntry& e = s.queue.front();
+  if (e.trace) {
+    e.trace->end_ns = now_ns();
+    trace_.ops.push_back(std::move(*e.trace));
+  }
+  if (serial_owner_ == &s) serial_owner_ = nullptr;
+  uint64_t seq = e.seq;
+  s.queue.pop_front();
+  s.completed.store(seq, std::memory_order_release);
+  advance_all();
+  bump();
+}
+
+// Completes the entries at the head of `s` that need no worker. Returns whether any completed.
+bool CpuCore::advance(CpuStream& s) {
+  bool any = false;
+  while (!s.queue.empty()) {
+    CpuEntry& e = s.queue.front();
+    if (e.kind == CpuEntry::Kind::kWait) {
+      if (e.wait_stream && e.wait_stream->completed.load(std::memory_order_acquire) < e.wait_seq) break;
+      if (tracing_ && e.wait_stream) {
+        trace_.edges.push_back(EdgeRecord{e.wait_stream->id, e.wait_seq, s.id, e.seq, now_ns()});
+      }
+    } else if (e.kind == CpuEntry::Kind::kOp) {
+      if (e.started || e.poll_phase) break;
+      if (!s.error) {
+        if (e.op.num_tiles > 0) break;
+        if (e.op.poll) {
+          e.poll_phase = true;
+          ++num_poll_heads_;
+          break;
+        }
+        if (e.trace) {  // an empty op: done the moment it is ready
+          e.trace->start_ns = e.trace->end_ns = now_ns();
+          trace_.ops.push_back(std::move(*e.trace));
+        }
+      }
+    }
+    uint64_t seq = e.seq;
+    s.queue.pop_front();
+    s.completed.store(seq, std::memory_order_release);
+    any = true;
+  }
+  return any;
+}
+
+void CpuCore::advance_all() {
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    for (auto& s : streams_) changed |= advance(*s);
+  }
+}
+
+}  // namespace moe::rt
