@@ -1,20 +1,51 @@
-// Scalar kernels: the reference every SIMD path is tested against, and the fallback on any CPU.
+// Run-time ISA dispatch of the linear kernels, the scalar reference path, and gate_up_silu / silu_mul
+// (built on linear() so that they inherit its determinism contract).
 #include "kernels/linear.h"
 
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
+
+#include "kernels/linear_isa.h"
 
 namespace moe {
 
 namespace {
-Isa g_active = Isa::kScalar;
+
+// MOE_KERNEL_ISA=scalar|avx2|avx512|avx512bf16 picks the initial ISA (benchmarks, A/B checks); an
+// unsupported or unknown name falls back to the best one.
+Isa initial_isa() {
+  if (const char* env = std::getenv("MOE_KERNEL_ISA")) {
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16})
+      if (isa_name(isa) == env && isa_supported(isa)) return isa;
+  }
+  return best_isa();
+}
+
+std::atomic<Isa>& active() {
+  static std::atomic<Isa> isa{initial_isa()};
+  return isa;
+}
+
+}  // namespace
+
+namespace detail {
 
 // One dot product in a fixed order (k ascending, fp32 accumulation): the determinism contract holds.
-float dot_row(const float* x, const WeightView& w, int64_t n) {
-  float acc = 0.0f;
-  for (int64_t k = 0; k < w.cols; ++k) acc += x[k] * weight_at(w, n, k);
-  return acc;
+void linear_scalar(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                   int64_t ldy) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* xm = x + m * ldx;
+      float acc = 0.0f;
+      for (int64_t k = 0; k < w.cols; ++k) acc += xm[k] * weight_at(w, n, k);
+      y[m * ldy + (n - n0)] = acc;
+    }
 }
-}  // namespace
+
+}  // namespace detail
 
 std::string_view isa_name(Isa isa) {
   switch (isa) {
@@ -25,32 +56,75 @@ std::string_view isa_name(Isa isa) {
   }
   return "?";
 }
-Isa best_isa() { return Isa::kScalar; }
-bool isa_supported(Isa isa) { return isa == Isa::kScalar; }
-Isa active_isa() { return g_active; }
-void set_active_isa(Isa isa) {
-  if (!isa_supported(isa)) throw std::invalid_argument("ISA " + std::string(isa_name(isa)) + " not available");
-  g_active = isa;
+
+bool isa_supported(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return true;
+    case Isa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Isa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("fma");
+    case Isa::kAvx512Bf16: return false;  // no vdpbf16ps path is compiled (see kernels/README.md)
+  }
+  return false;
 }
+
+Isa best_isa() {
+  for (Isa isa : {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2})
+    if (isa_supported(isa)) return isa;
+  return Isa::kScalar;
+}
+
+Isa active_isa() { return active().load(std::memory_order_relaxed); }
+
+void set_active_isa(Isa isa) {
+  if (!isa_supported(isa))
+    throw std::invalid_argument("set_active_isa: ISA " + std::string(isa_name(isa)) +
+                                " is not supported by this CPU or not compiled in this build");
+  active().store(isa, std::memory_order_relaxed);
+}
+
+namespace {
+// linear() with y pointing at column n0.
+void linear_from_n0(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                    int64_t ldy) {
+  if (M <= 0 || n1 <= n0) return;
+  switch (active_isa()) {
+    case Isa::kAvx512:
+    case Isa::kAvx512Bf16: detail::linear_avx512(x, M, ldx, w, n0, n1, y, ldy); return;
+    case Isa::kAvx2: detail::linear_avx2(x, M, ldx, w, n0, n1, y, ldy); return;
+    case Isa::kScalar: break;
+  }
+  detail::linear_scalar(x, M, ldx, w, n0, n1, y, ldy);
+}
+}  // namespace
 
 void linear(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
             int64_t ldy) {
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = n0; n < n1; ++n) y[m * ldy + n] = dot_row(x + m * ldx, w, n);
+  linear_from_n0(x, M, ldx, w, n0, n1, y + n0, ldy);
 }
 
 void silu_mul(const float* g, const float* u, float* h, int64_t n) {
   for (int64_t i = 0; i < n; ++i) h[i] = silu(g[i]) * u[i];
 }
 
+// gate and up go through linear() into small stack tiles (no allocation), then silu_mul(): bitwise the
+// same as the unfused sequence by construction. Tiles of 32 tokens x 64 rows keep the row block of both
+// matrices in cache while all tokens of the tile pass over it.
 void gate_up_silu(const float* x, int64_t M, int64_t ldx, const WeightView& gate, const WeightView& up,
                   int64_t i0, int64_t i1, float* h, int64_t ldh) {
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t i = i0; i < i1; ++i) {
-      const float g = dot_row(x + m * ldx, gate, i);
-      const float u = dot_row(x + m * ldx, up, i);
-      h[m * ldh + i] = silu(g) * u;
+  constexpr int64_t kTokens = 32, kRows = 64;
+  float g[kTokens * kRows], u[kTokens * kRows];
+  for (int64_t m0 = 0; m0 < M; m0 += kTokens) {
+    const int64_t mt = std::min(kTokens, M - m0);
+    for (int64_t r0 = i0; r0 < i1; r0 += kRows) {
+      const int64_t r1 = std::min(i1, r0 + kRows);
+      linear_from_n0(x + m0 * ldx, mt, ldx, gate, r0, r1, g, kRows);
+      linear_from_n0(x + m0 * ldx, mt, ldx, up, r0, r1, u, kRows);
+      for (int64_t m = 0; m < mt; ++m) silu_mul(g + m * kRows, u + m * kRows, h + (m0 + m) * ldh + r0, r1 - r0);
     }
+  }
 }
 
 }  // namespace moe

@@ -1,0 +1,82 @@
+// AVX2 + FMA path of the linear kernel: 8 fp32 lanes. Compiled with its own target flags
+// (src/kernels/CMakeLists.txt) and only called after a run-time CPU check (linear.cpp).
+#include <immintrin.h>
+
+#include <cstring>
+#include <limits>
+
+#include "kernels/linear_isa.h"
+
+namespace moe {
+namespace {
+
+struct Avx2 {
+  using Reg = __m256;
+  static constexpr int kLanes = 8;
+
+  static Reg zero() { return _mm256_setzero_ps(); }
+  static Reg load(const float* p) { return _mm256_loadu_ps(p); }
+  // Tails go through a zero-padded copy: AVX2 has no masked byte/word loads, and reading past the end of
+  // a row could fault at the end of a mapping.
+  static Reg load_tail(const float* p, int n) {
+    alignas(32) float buf[kLanes] = {};
+    std::memcpy(buf, p, static_cast<size_t>(n) * sizeof(float));
+    return _mm256_load_ps(buf);
+  }
+  static Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+  static float hsum(Reg v) {
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    b = _mm_add_ss(b, _mm_movehdup_ps(b));
+    return _mm_cvtss_f32(b);
+  }
+
+  static Reg bf16(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
+  static Reg load_bf16(const uint16_t* p) { return bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static Reg load_bf16_tail(const uint16_t* p, int n) {
+    alignas(16) uint16_t buf[kLanes] = {};
+    std::memcpy(buf, p, static_cast<size_t>(n) * sizeof(uint16_t));
+    return bf16(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)));
+  }
+
+  // Same exact fp8 decoding as the AVX-512 path (see linear_avx512.cpp).
+  struct Fp8Scale {
+    Reg s;
+    bool big;
+  };
+  static Fp8Scale fp8_scale(float s) {
+    const bool big = !(s < 128.0f && s > -128.0f);
+    return {_mm256_set1_ps(big ? s : s * 0x1p120f), big};
+  }
+  static Reg fp8(__m128i bytes, const Fp8Scale& s) {
+    const __m256i v = _mm256_cvtepi8_epi32(bytes);
+    const __m256i bits = _mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(static_cast<int>(0x87f00000u)));
+    const __m256i nan = _mm256_cmpeq_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7f)), _mm256_set1_epi32(0x7f));
+    Reg f = _mm256_castsi256_ps(bits);
+    f = s.big ? _mm256_mul_ps(_mm256_mul_ps(f, _mm256_set1_ps(0x1p120f)), s.s) : _mm256_mul_ps(f, s.s);
+    return _mm256_blendv_ps(f, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), _mm256_castsi256_ps(nan));
+  }
+  static Reg load_fp8(const uint8_t* p, const Fp8Scale& s) {
+    return fp8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), s);
+  }
+  static Reg load_fp8_tail(const uint8_t* p, int n, const Fp8Scale& s) {
+    alignas(16) uint8_t buf[16] = {};
+    std::memcpy(buf, p, static_cast<size_t>(n));
+    return fp8(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)), s);
+  }
+};
+
+}  // namespace
+}  // namespace moe
+
+#include "kernels/linear_simd.h"
+
+namespace moe::detail {
+
+void linear_avx2(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                 int64_t ldy) {
+  simd::linear_any<Avx2>(x, M, ldx, w, n0, n1, y, ldy);
+}
+
+}  // namespace moe::detail

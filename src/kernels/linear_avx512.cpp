@@ -1,0 +1,75 @@
+// AVX-512 (F/BW/VL/DQ + FMA) path of the linear kernel: 16 fp32 lanes. Compiled with its own target flags
+// (src/kernels/CMakeLists.txt) and only called after a run-time CPU check (linear.cpp).
+#include <immintrin.h>
+
+#include <limits>
+
+#include "kernels/linear_isa.h"
+
+namespace moe {
+namespace {
+
+struct Avx512 {
+  using Reg = __m512;
+  static constexpr int kLanes = 16;
+  static __mmask16 tail_mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+
+  static Reg zero() { return _mm512_setzero_ps(); }
+  static Reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static Reg load_tail(const float* p, int n) { return _mm512_maskz_loadu_ps(tail_mask(n), p); }
+  static Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+  // Fixed reduction tree: halves, then quarters, then pairs.
+  static float hsum(Reg v) {
+    const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    b = _mm_add_ss(b, _mm_movehdup_ps(b));
+    return _mm_cvtss_f32(b);
+  }
+
+  // bf16 -> fp32 is exact: the 16 bits become the top half.
+  static Reg bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+  static Reg load_bf16(const uint16_t* p) { return bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static Reg load_bf16_tail(const uint16_t* p, int n) { return bf16(_mm256_maskz_loadu_epi16(tail_mask(n), p)); }
+
+  // fp8 e4m3 -> fp32: placing the 7 magnitude bits at fp32 bits 20..26 gives value * 2^-120 exactly (fp8
+  // subnormals land on fp32 subnormals), so one multiply by scale * 2^120 yields fp8 * scale rounded once,
+  // as weight_at() does. Scales of 2^7 or more would overflow that product: they take two multiplies.
+  struct Fp8Scale {
+    Reg s;
+    bool big;
+  };
+  static Fp8Scale fp8_scale(float s) {
+    const bool big = !(s < 128.0f && s > -128.0f);
+    return {_mm512_set1_ps(big ? s : s * 0x1p120f), big};
+  }
+  static Reg fp8(__m128i bytes, const Fp8Scale& s) {
+    const __m512i v = _mm512_cvtepi8_epi32(bytes);  // sign-extended: the sign lands on bit 31 after << 20
+    const __m512i bits = _mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32(static_cast<int>(0x87f00000u)));
+    const __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(v, _mm512_set1_epi32(0x7f)), _mm512_set1_epi32(0x7f));
+    Reg f = _mm512_castsi512_ps(bits);
+    f = s.big ? _mm512_mul_ps(_mm512_mul_ps(f, _mm512_set1_ps(0x1p120f)), s.s) : _mm512_mul_ps(f, s.s);
+    return _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+  }
+  static Reg load_fp8(const uint8_t* p, const Fp8Scale& s) {
+    return fp8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), s);
+  }
+  static Reg load_fp8_tail(const uint8_t* p, int n, const Fp8Scale& s) {
+    return fp8(_mm_maskz_loadu_epi8(tail_mask(n), p), s);
+  }
+};
+
+}  // namespace
+}  // namespace moe
+
+#include "kernels/linear_simd.h"
+
+namespace moe::detail {
+
+void linear_avx512(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                   int64_t ldy) {
+  simd::linear_any<Avx512>(x, M, ldx, w, n0, n1, y, ldy);
+}
+
+}  // namespace moe::detail

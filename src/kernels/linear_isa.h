@@ -1,0 +1,19 @@
+// Entry points of the per-ISA linear kernels (internal to moe_kernels; call linear() instead).
+// Same arguments as linear() except that y points at column n0: y[m * ldy + (n - n0)].
+// Each is compiled with its ISA's target flags and must only run where isa_supported() says so.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/weight.h"
+
+namespace moe::detail {
+
+void linear_scalar(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                   int64_t ldy);
+void linear_avx2(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                 int64_t ldy);
+void linear_avx512(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                   int64_t ldy);
+
+}  // namespace moe::detail

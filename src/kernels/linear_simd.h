@@ -1,0 +1,166 @@
+// The register-blocked linear kernel shared by the SIMD paths (internal to moe_kernels).
+//
+// Each ISA's .cpp defines its vector traits V (Reg, kLanes, zero/load/fma/hsum and the weight-row loaders)
+// and then includes this file, so every instantiation lives in one translation unit compiled with that
+// ISA's target flags; everything here is a template on V, so nothing is shared across ISAs (no ODR clash).
+//
+// Numerics, and why the determinism contract holds: y[m, n] is accumulated in one vector register whose
+// lane j sums x[m, k] * W[n, k] for k = j (mod kLanes), k ascending, fp32 FMA; the last partial vector is
+// read with zero-filled lanes; the lanes are then reduced in a fixed tree (V::hsum). Blocking over rows
+// and tokens only changes how many such independent accumulators are live, never the sequence applied to
+// one of them, so the bits depend on (x row, W row, ISA) alone. fp8 weights become fp32 exactly as
+// weight_at() defines them (fp8 value * block scale, rounded once), element by element.
+//
+// Loop structure: tokens in macro-blocks of up to kMacroTokens (their x rows stay in L2), then row blocks
+// of kRows, then token micro-blocks of up to kTokens: each weight row is streamed from memory once per
+// macro-block and re-read from L1/L2 by the other micro-blocks.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/weight.h"
+
+namespace moe::simd {
+
+inline constexpr int64_t kScaleBlock = 128;  // fp8 block-scale granularity (columns and rows)
+
+// The columns [k0, k0 + n) of one token's x, or of one weight row, at most kLanes.
+template <class V, DType D>
+struct RowCursor;
+
+template <class V>
+struct RowCursor<V, DType::kF32> {
+  const float* p = nullptr;
+  void set(const WeightView& w, int64_t r) { p = static_cast<const float*>(w.data) + r * w.cols; }
+  void block(int64_t) {}
+  typename V::Reg load(int64_t k) const { return V::load(p + k); }
+  typename V::Reg load_tail(int64_t k, int n) const { return V::load_tail(p + k, n); }
+  void prefetch(int64_t k) const { V::prefetch(p + k); }
+};
+
+template <class V>
+struct RowCursor<V, DType::kBF16> {
+  const uint16_t* p = nullptr;
+  void set(const WeightView& w, int64_t r) { p = static_cast<const uint16_t*>(w.data) + r * w.cols; }
+  void block(int64_t) {}
+  typename V::Reg load(int64_t k) const { return V::load_bf16(p + k); }
+  typename V::Reg load_tail(int64_t k, int n) const { return V::load_bf16_tail(p + k, n); }
+  void prefetch(int64_t k) const { V::prefetch(p + k); }
+};
+
+template <class V>
+struct RowCursor<V, DType::kF8E4M3> {
+  const uint8_t* p = nullptr;
+  const float* scales = nullptr;  // this row's 128-row block of scale_inv
+  typename V::Fp8Scale scale{};
+  void set(const WeightView& w, int64_t r) {
+    p = static_cast<const uint8_t*>(w.data) + r * w.cols;
+    scales = w.scale_inv + (r / kScaleBlock) * ((w.cols + kScaleBlock - 1) / kScaleBlock);
+  }
+  void block(int64_t kb) { scale = V::fp8_scale(scales[kb]); }
+  typename V::Reg load(int64_t k) const { return V::load_fp8(p + k, scale); }
+  typename V::Reg load_tail(int64_t k, int n) const { return V::load_fp8_tail(p + k, n, scale); }
+  void prefetch(int64_t k) const { V::prefetch(p + k); }
+};
+
+// y[t * ldy + r] for t < T, r < R: rows n .. n+R of w against tokens x[0 .. T).
+template <class V, DType D, int R, int T>
+void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy,
+                  bool prefetch) {
+  using Reg = typename V::Reg;
+  constexpr int L = V::kLanes;
+  constexpr int64_t kPrefetchAhead = 1024;  // bytes-ish ahead of the stream, in elements of one row
+  const int64_t K = w.cols;
+  RowCursor<V, D> rows[R];
+  Reg acc[R][T];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    rows[r].set(w, n + r);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) acc[r][t] = V::zero();
+  }
+  for (int64_t kb = 0; kb < K; kb += kScaleBlock) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) rows[r].block(kb / kScaleBlock);
+    const int64_t kend = std::min(K, kb + kScaleBlock);
+    if (prefetch) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+        for (int64_t kp = kb; kp < kend; kp += 64 / static_cast<int64_t>(dtype_size(D)))
+          if (kp + kPrefetchAhead < K) rows[r].prefetch(kp + kPrefetchAhead);
+    }
+    int64_t k = kb;
+    for (; k + L <= kend; k += L) {
+      Reg wv[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) wv[r] = rows[r].load(k);
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        const Reg xv = V::load(x + t * ldx + k);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) acc[r][t] = V::fma(xv, wv[r], acc[r][t]);
+      }
+    }
+    if (k < kend) {
+      const int rem = static_cast<int>(kend - k);
+      Reg wv[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) wv[r] = rows[r].load_tail(k, rem);
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        const Reg xv = V::load_tail(x + t * ldx + k, rem);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) acc[r][t] = V::fma(xv, wv[r], acc[r][t]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) y[t * ldy + r] = V::hsum(acc[r][t]);
+}
+
+// One row block against tokens [0, M) in micro-blocks of up to 4 tokens.
+template <class V, DType D, int R>
+void row_block(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
+  int64_t t = 0;
+  // Only the first pass over the rows comes from memory; later micro-blocks hit the cache.
+  for (; t + 4 <= M; t += 4) micro_kernel<V, D, R, 4>(x + t * ldx, ldx, w, n, y + t * ldy, ldy, t == 0);
+  switch (M - t) {
+    case 3: micro_kernel<V, D, R, 3>(x + t * ldx, ldx, w, n, y + t * ldy, ldy, t == 0); break;
+    case 2: micro_kernel<V, D, R, 2>(x + t * ldx, ldx, w, n, y + t * ldy, ldy, t == 0); break;
+    case 1: micro_kernel<V, D, R, 1>(x + t * ldx, ldx, w, n, y + t * ldy, ldy, t == 0); break;
+    default: break;
+  }
+}
+
+// y[m * ldy + (n - n0)] for m in [0, M), n in [n0, n1): note y points at column n0.
+template <class V, DType D>
+void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                 int64_t ldy) {
+  // Keep a macro-block of x within about half of a 1 MiB L2.
+  const int64_t macro = std::clamp<int64_t>((512 << 10) / (std::max<int64_t>(w.cols, 1) * 4), 4, 32) & ~3;
+  for (int64_t m0 = 0; m0 < M; m0 += macro) {
+    const int64_t mc = std::min(macro, M - m0);
+    const float* xm = x + m0 * ldx;
+    float* ym = y + m0 * ldy;
+    int64_t n = n0;
+    if (mc == 1)  // one token: more rows in flight to cover the FMA latency
+      for (; n + 8 <= n1; n += 8) micro_kernel<V, D, 8, 1>(xm, ldx, w, n, ym + (n - n0), ldy, true);
+    for (; n + 4 <= n1; n += 4) row_block<V, D, 4>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
+    for (; n < n1; ++n) row_block<V, D, 1>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
+  }
+}
+
+template <class V>
+void linear_any(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                int64_t ldy) {
+  switch (w.dtype) {
+    case DType::kF32: linear_rows<V, DType::kF32>(x, M, ldx, w, n0, n1, y, ldy); break;
+    case DType::kBF16: linear_rows<V, DType::kBF16>(x, M, ldx, w, n0, n1, y, ldy); break;
+    case DType::kF8E4M3: linear_rows<V, DType::kF8E4M3>(x, M, ldx, w, n0, n1, y, ldy); break;
+  }
+}
+
+}  // namespace moe::simd

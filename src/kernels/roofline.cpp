@@ -1,0 +1,176 @@
+// Read-bandwidth and peak-FLOP probes (see roofline.h). The inner loops carry target attributes and are
+// entered after a run-time CPU check, like the kernels.
+#include "kernels/roofline.h"
+
+#include <immintrin.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace moe {
+
+namespace {
+
+constexpr int kPasses = 7;
+constexpr size_t kHugePage = size_t{2} << 20;
+
+bool has_avx512() { return __builtin_cpu_supports("avx512f"); }
+bool has_avx2_fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+__attribute__((target("avx512f"))) uint64_t read_avx512(const char* p, size_t n) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = 0; i + 256 <= n; i += 256) {
+    a0 = _mm512_xor_si512(a0, _mm512_load_si512(p + i));
+    a1 = _mm512_xor_si512(a1, _mm512_load_si512(p + i + 64));
+    a2 = _mm512_xor_si512(a2, _mm512_load_si512(p + i + 128));
+    a3 = _mm512_xor_si512(a3, _mm512_load_si512(p + i + 192));
+  }
+  alignas(64) uint64_t out[8];
+  _mm512_store_si512(out, _mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3)));
+  return out[0] ^ out[7];
+}
+
+uint64_t read_generic(const char* p, size_t n) {
+  const uint64_t* q = reinterpret_cast<const uint64_t*>(p);
+  uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  for (size_t i = 0; i + 4 <= n / 8; i += 4) {
+    a0 ^= q[i];
+    a1 ^= q[i + 1];
+    a2 ^= q[i + 2];
+    a3 ^= q[i + 3];
+  }
+  return a0 ^ a1 ^ a2 ^ a3;
+}
+
+// Runs body(thread_index) on `threads` threads released together; returns the wall seconds until the
+// last one finishes. Thread start-up is outside the timed region.
+template <class Body>
+double timed_parallel(int threads, Body body) {
+  std::atomic<bool> go{false};
+  std::atomic<int> ready{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      ready.fetch_add(1);
+      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      body(t);
+    });
+  while (ready.load() < threads) std::this_thread::yield();
+  const auto t0 = std::chrono::steady_clock::now();
+  go.store(true, std::memory_order_release);
+  for (auto& th : pool) th.join();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+volatile uint64_t g_sink;
+
+}  // namespace
+
+double measure_read_bandwidth_gbps(int threads, size_t bytes) {
+  threads = std::max(threads, 1);
+  bytes = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) return 0.0;
+  madvise(mem, bytes, MADV_HUGEPAGE);
+  char* buf = static_cast<char*>(mem);
+  // Each thread owns a 2 MiB-aligned slice; pre-fault (and fill, so no page is the shared zero page).
+  const size_t slice = bytes / kHugePage / static_cast<size_t>(threads) * kHugePage;
+  timed_parallel(threads, [&](int t) {
+    char* p = buf + static_cast<size_t>(t) * slice;
+    for (size_t i = 0; i < slice; i += 4096) p[i] = static_cast<char>(i >> 12);
+  });
+  const bool wide = has_avx512();
+  std::vector<double> seconds;
+  for (int pass = 0; pass < kPasses; ++pass)
+    seconds.push_back(timed_parallel(threads, [&](int t) {
+      const char* p = buf + static_cast<size_t>(t) * slice;
+      g_sink = wide ? read_avx512(p, slice) : read_generic(p, slice);
+    }));
+  munmap(mem, bytes);
+  return static_cast<double>(slice) * threads / median(seconds) / 1e9;
+}
+
+namespace {
+
+constexpr int64_t kPeakIters = 20'000'000;
+
+// 12 independent chains cover a 4-cycle latency on 2-3 pipes.
+__attribute__((target("avx512f,fma"))) float fma_avx512(int64_t iters) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-3f);
+  for (int64_t it = 0; it < iters; ++it)
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  __m512 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
+  alignas(64) float out[16];  // (not _mm512_reduce_add_ps: it trips -Wuninitialized in GCC 12 headers)
+  _mm512_store_ps(out, s);
+  return out[0];
+}
+
+__attribute__((target("avx2,fma"))) float fma_avx2(int64_t iters) {
+  __m256 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i));
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-3f);
+  for (int64_t it = 0; it < iters; ++it)
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  __m256 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
+  alignas(32) float out[8];
+  _mm256_store_ps(out, s);
+  return out[0];
+}
+
+__attribute__((target("avx512f,avx512bf16"))) float dot_bf16(int64_t iters) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3a83);
+  for (int64_t it = 0; it < iters; ++it)
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  __m512 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
+  alignas(64) float out[16];  // (not _mm512_reduce_add_ps: it trips -Wuninitialized in GCC 12 headers)
+  _mm512_store_ps(out, s);
+  return out[0];
+}
+
+}  // namespace
+
+double measure_peak_gflops(int threads, PeakKind kind) {
+  threads = std::max(threads, 1);
+  double flops_per_iter = 0;  // per thread, 12 chains
+  float (*fn)(int64_t) = nullptr;
+  if (kind == PeakKind::kBf16Dot) {
+    if (!has_avx512() || !__builtin_cpu_supports("avx512bf16")) return 0.0;
+    fn = dot_bf16, flops_per_iter = 12.0 * 16 * 4;
+  } else if (has_avx512()) {
+    fn = fma_avx512, flops_per_iter = 12.0 * 16 * 2;
+  } else if (has_avx2_fma()) {
+    fn = fma_avx2, flops_per_iter = 12.0 * 8 * 2;
+  } else {
+    return 0.0;
+  }
+  // Size the passes to ~50 ms from a short calibration run.
+  const int64_t probe = kPeakIters / 100;
+  const double t_probe = timed_parallel(1, [&](int) { g_sink = static_cast<uint64_t>(fn(probe)); });
+  const int64_t iters = std::max<int64_t>(probe, static_cast<int64_t>(probe * 0.05 / std::max(t_probe, 1e-6)));
+  std::vector<double> seconds;
+  for (int pass = 0; pass < kPasses; ++pass)
+    seconds.push_back(timed_parallel(threads, [&](int) { g_sink = static_cast<uint64_t>(fn(iters)); }));
+  return flops_per_iter * static_cast<double>(iters) * threads / median(seconds) / 1e9;
+}
+
+}  // namespace moe

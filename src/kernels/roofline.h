@@ -1,0 +1,26 @@
+// Roofline probes measured in the running process: sustained DRAM read bandwidth and the arithmetic peak,
+// so that benchmarks can state achieved figures as fractions of what this machine can do right now.
+//
+// Both spawn `threads` std::threads (each reading its own slice, or running its own FMA chains), take the
+// median of several passes, and must not run concurrently with other heavy work. They allocate and may
+// take a few hundred milliseconds; call them outside timed regions.
+#pragma once
+
+#include <cstddef>
+
+namespace moe {
+
+// GB/s (1e9 bytes/s) reading `bytes` (default 1 GiB, far above this machine's 32 MiB L3 and the 64 MiB
+// region where repeated reads still run from cache) from an anonymous mapping advised for transparent
+// huge pages and pre-faulted outside the timed region. Returns 0 if the buffer cannot be mapped.
+double measure_read_bandwidth_gbps(int threads, size_t bytes = size_t{1} << 30);
+
+enum class PeakKind {
+  kF32Fma,   // fp32 fused multiply-add, 2 flops per lane
+  kBf16Dot,  // vdpbf16ps: bf16 pairs into fp32, 4 flops per fp32 lane (0 where the CPU lacks avx512_bf16)
+};
+
+// GFLOP/s with independent accumulator chains per thread (widest vectors the CPU has).
+double measure_peak_gflops(int threads, PeakKind kind);
+
+}  // namespace moe

@@ -1,0 +1,271 @@
+// Conformance of the linear kernels: every compiled ISA against an fp64 reference for every weight dtype,
+// the determinism contract (a row's bits do not depend on batch, range or neighbours), gate_up_silu ==
+// linear + linear + silu_mul bitwise, special values, and the dtype conversions.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/dtype.h"
+#include "kernels/linear.h"
+#include "kernels/roofline.h"
+#include "kernels/weight.h"
+
+namespace moe {
+namespace {
+
+// A weight matrix with its storage; scale_inv covers [ceil(rows/128), ceil(cols/128)] blocks.
+struct TestWeight {
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  std::vector<uint8_t> fp8;
+  std::vector<float> scales;
+  WeightView view;
+};
+
+TestWeight make_weight(DType dt, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  TestWeight t;
+  t.view.dtype = dt;
+  t.view.rows = rows;
+  t.view.cols = cols;
+  const size_t n = static_cast<size_t>(rows * cols);
+  if (dt == DType::kF32) {
+    for (size_t i = 0; i < n; ++i) t.f32.push_back(nd(rng));
+    t.view.data = t.f32.data();
+  } else if (dt == DType::kBF16) {
+    for (size_t i = 0; i < n; ++i) t.bf16.push_back(f32_to_bf16(nd(rng)));
+    t.view.data = t.bf16.data();
+  } else {
+    std::uniform_int_distribution<int> code(0, 255);
+    for (size_t i = 0; i < n; ++i) {
+      int c = code(rng);
+      if ((c & 0x7f) == 0x7f) c &= 0xfe;  // no NaN codes here; see the special-value test
+      t.fp8.push_back(static_cast<uint8_t>(c));
+    }
+    const int64_t nb = ((rows + 127) / 128) * ((cols + 127) / 128);
+    std::uniform_real_distribution<float> us(1e-3f, 1e-1f);
+    for (int64_t b = 0; b < nb; ++b) t.scales.push_back(us(rng));
+    // One block far above 2^7 and one tiny one: the kernels' two fp8 scaling paths.
+    t.scales[0] = 300.0f;
+    if (nb > 1) t.scales[nb - 1] = 3e-7f;
+    t.view.data = t.fp8.data();
+    t.view.scale_inv = t.scales.data();
+  }
+  return t;
+}
+
+std::vector<float> make_x(int64_t M, int64_t ldx, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(M * ldx));
+  for (auto& v : x) v = nd(rng);
+  return x;
+}
+
+class KernelIsa : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    if (!isa_supported(GetParam())) GTEST_SKIP() << isa_name(GetParam()) << " not available here";
+    saved_ = active_isa();
+    set_active_isa(GetParam());
+  }
+  void TearDown() override {
+    if (isa_supported(GetParam())) set_active_isa(saved_);
+  }
+  Isa saved_ = Isa::kScalar;
+};
+
+constexpr DType kDTypes[] = {DType::kF32, DType::kBF16, DType::kF8E4M3};
+
+// y vs an fp64 dot product of the same fp32 weights, with an fp32-summation error bound; columns outside
+// [n0, n1) and the padding beyond N must stay untouched.
+void check_against_reference(DType dt, int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " M=" << M << " N=" << N << " K=" << K << " range=["
+                                    << n0 << "," << n1 << ")");
+  const TestWeight w = make_weight(dt, N, K, static_cast<uint32_t>(M * 131 + N * 7 + K));
+  const int64_t ldx = K + 3, ldy = N + 5;
+  const std::vector<float> x = make_x(M, ldx, static_cast<uint32_t>(K));
+  constexpr float kSentinel = -12345.0f;
+  std::vector<float> y(static_cast<size_t>(M * ldy), kSentinel);
+  linear(x.data(), M, ldx, w.view, n0, n1, y.data(), ldy);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < ldy; ++n) {
+      const float got = y[m * ldy + n];
+      if (n < n0 || n >= n1) {
+        ASSERT_EQ(got, kSentinel) << "wrote outside the range at m=" << m << " n=" << n;
+        continue;
+      }
+      double ref = 0, mag = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = static_cast<double>(x[m * ldx + k]) * weight_at(w.view, n, k);
+        ref += p;
+        mag += std::fabs(p);
+      }
+      const double tol = 2.0 * (K + 4) * std::numeric_limits<float>::epsilon() * mag + 1e-30;
+      ASSERT_NEAR(got, ref, tol) << "m=" << m << " n=" << n;
+    }
+}
+
+TEST_P(KernelIsa, MatchesFp64ReferenceOddSizes) {
+  for (DType dt : kDTypes) {
+    for (int64_t K : {1, 7, 16, 33, 129, 300}) check_against_reference(dt, 3, 13, K, 0, 13);
+    for (int64_t M : {1, 2, 3, 4, 5, 8, 17, 37}) check_against_reference(dt, M, 11, 100, 0, 11);
+    check_against_reference(dt, 5, 19, 64, 3, 17);  // sub-range with both tails
+  }
+}
+
+TEST_P(KernelIsa, Fp8BlockScalesAcrossBlocks) {
+  // Several 128x128 scale blocks in both directions, a range that starts inside the second row block.
+  check_against_reference(DType::kF8E4M3, 6, 300, 391, 0, 300);
+  check_against_reference(DType::kF8E4M3, 2, 300, 391, 130, 261);
+}
+
+TEST_P(KernelIsa, LongRowsAtDecodeShapes) {
+  check_against_reference(DType::kBF16, 1, 9, 2048, 0, 9);
+  check_against_reference(DType::kBF16, 33, 6, 2051, 0, 6);  // two token macro-blocks
+}
+
+// The determinism contract: each row's bits are the same alone, in any batch, in any row range.
+TEST_P(KernelIsa, RowBitsIndependentOfBatchAndRange) {
+  constexpr int64_t M = 37, N = 23, K = 259;
+  for (DType dt : kDTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const TestWeight w = make_weight(dt, N, K, 99);
+    const std::vector<float> x = make_x(M, K, 7);
+    std::vector<float> full(M * N);
+    linear(x.data(), M, K, w.view, 0, N, full.data(), N);
+    // Every row alone, every column alone.
+    for (int64_t m = 0; m < M; ++m) {
+      std::vector<float> one(N);
+      linear(x.data() + m * K, 1, K, w.view, 0, N, one.data(), N);
+      ASSERT_EQ(0, std::memcmp(one.data(), full.data() + m * N, N * sizeof(float))) << "row " << m;
+      for (int64_t n = 0; n < N; n += 5) {
+        std::vector<float> single(N, 0.0f);
+        linear(x.data() + m * K, 1, K, w.view, n, n + 1, single.data(), N);
+        ASSERT_EQ(0, std::memcmp(&single[n], &full[m * N + n], sizeof(float))) << "m=" << m << " n=" << n;
+      }
+    }
+    // Batches of every size from several starts, odd row ranges.
+    for (int64_t m0 : {0, 3, 10}) {
+      for (int64_t cnt = 1; m0 + cnt <= M; cnt += 4) {
+        for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, N}, {1, 9}, {5, 22}, {8, 12}}) {
+          std::vector<float> part(cnt * N, 0.0f);
+          linear(x.data() + m0 * K, cnt, K, w.view, n0, n1, part.data(), N);
+          for (int64_t m = 0; m < cnt; ++m)
+            ASSERT_EQ(0, std::memcmp(part.data() + m * N + n0, full.data() + (m0 + m) * N + n0,
+                                     (n1 - n0) * sizeof(float)))
+                << "m0=" << m0 << " cnt=" << cnt << " range=[" << n0 << "," << n1 << ")";
+        }
+      }
+    }
+  }
+}
+
+TEST_P(KernelIsa, GateUpSiluEqualsUnfusedBitwise) {
+  constexpr int64_t M = 37, I = 150, K = 200;  // more tokens and rows than one fused tile
+  for (DType dt : kDTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const TestWeight gate = make_weight(dt, I, K, 1), up = make_weight(dt, I, K, 2);
+    const std::vector<float> x = make_x(M, K, 3);
+    std::vector<float> g(M * I), u(M * I), want(M * I), got(M * I, 0.0f);
+    linear(x.data(), M, K, gate.view, 0, I, g.data(), I);
+    linear(x.data(), M, K, up.view, 0, I, u.data(), I);
+    silu_mul(g.data(), u.data(), want.data(), M * I);
+    gate_up_silu(x.data(), M, K, gate.view, up.view, 0, I, got.data(), I);
+    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+    std::vector<float> part(M * I, 0.0f);
+    gate_up_silu(x.data(), M, K, gate.view, up.view, 7, 131, part.data(), I);
+    for (int64_t m = 0; m < M; ++m)
+      ASSERT_EQ(0, std::memcmp(&part[m * I + 7], &want[m * I + 7], (131 - 7) * sizeof(float))) << m;
+  }
+}
+
+TEST_P(KernelIsa, NanAndInfPassThrough) {
+  constexpr int64_t M = 3, N = 9, K = 40;
+  for (DType dt : kDTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    TestWeight w = make_weight(dt, N, K, 5);
+    std::vector<float> x = make_x(M, K, 6);
+    x[0 * K + 17] = std::numeric_limits<float>::quiet_NaN();
+    x[1 * K + 39] = std::numeric_limits<float>::infinity();  // the tail lane on the SIMD paths
+    if (dt == DType::kF8E4M3) w.fp8[4 * K + 3] = 0xff;       // an fp8 NaN code in row 4
+    std::vector<float> y(M * N);
+    linear(x.data(), M, K, w.view, 0, N, y.data(), N);
+    for (int64_t n = 0; n < N; ++n) {
+      EXPECT_TRUE(std::isnan(y[n])) << n;
+      EXPECT_TRUE(std::isinf(y[N + n]) || std::isnan(y[N + n])) << n;
+      EXPECT_EQ(std::isnan(y[2 * N + n]), dt == DType::kF8E4M3 && n == 4) << n;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, KernelIsa,
+                         ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16),
+                         [](const ::testing::TestParamInfo<Isa>& p) { return std::string(isa_name(p.param)); });
+
+TEST(KernelDispatch, BestIsaIsSupportedAndUnsupportedThrows) {
+  EXPECT_TRUE(isa_supported(best_isa()));
+  EXPECT_TRUE(isa_supported(Isa::kScalar));
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+    if (!isa_supported(isa)) {
+      EXPECT_THROW(set_active_isa(isa), std::invalid_argument);
+    }
+  }
+}
+
+TEST(Dtype, Fp8RoundTripsAllCodes) {
+  for (int c = 0; c < 256; ++c) {
+    const uint8_t code = static_cast<uint8_t>(c);
+    const float f = fp8e4m3_to_f32(code);
+    if ((c & 0x7f) == 0x7f) {
+      EXPECT_TRUE(std::isnan(f)) << c;
+      EXPECT_EQ(f32_to_fp8e4m3(f) & 0x7f, 0x7f) << c;
+      continue;
+    }
+    EXPECT_EQ(f32_to_fp8e4m3(f), code) << c << " -> " << f;
+  }
+  EXPECT_EQ(fp8e4m3_to_f32(0x7e), 448.0f);
+  EXPECT_EQ(fp8e4m3_to_f32(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
+}
+
+TEST(Dtype, Fp8RoundingAndSaturation) {
+  EXPECT_EQ(f32_to_fp8e4m3(1e6f), 0x7e);
+  EXPECT_EQ(f32_to_fp8e4m3(-1e6f), 0xfe);
+  EXPECT_EQ(f32_to_fp8e4m3(std::numeric_limits<float>::infinity()), 0x7e);
+  // 1.0 = 0x38, next 1.125 = 0x39; the midpoint 1.0625 ties to the even code, just above goes up.
+  EXPECT_EQ(f32_to_fp8e4m3(1.0625f), 0x38);
+  EXPECT_EQ(f32_to_fp8e4m3(1.07f), 0x39);
+  EXPECT_EQ(f32_to_fp8e4m3(1.1875f), 0x3a);  // midpoint of 0x39 and 0x3a: to the even 0x3a
+  EXPECT_EQ(f32_to_fp8e4m3(std::ldexp(1.0f, -11)), 0x00);  // below half the smallest subnormal
+}
+
+TEST(Dtype, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(f32_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);       // exact half: to even (down)
+  EXPECT_EQ(f32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);   // exact half: to even (up)
+  EXPECT_EQ(f32_to_bf16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)), 0x3f81);
+  EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = bf16_to_f32(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(f32_to_bf16(f), h) << h;
+  }
+}
+
+// The probes must run and return plausible numbers (their values are the benchmark's business).
+TEST(Roofline, ProbesReturnPositiveFigures) {
+  EXPECT_GT(measure_read_bandwidth_gbps(2, size_t{16} << 20), 0.0);
+  EXPECT_GT(measure_peak_gflops(1, PeakKind::kF32Fma), 0.0);
+  if (__builtin_cpu_supports("avx512bf16")) {
+    EXPECT_GT(measure_peak_gflops(1, PeakKind::kBf16Dot), 0.0);
+  }
+}
+
+}  // namespace
+}  // namespace moe
