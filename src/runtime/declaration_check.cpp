@@ -1,0 +1,160 @@
+// The declaration check: runs each operation alone and compares the registered buffers outside its declared
+// writes before and after. See declaration_check.h.
+#include "runtime/declaration_check.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace moe::rt {
+
+struct DeclarationChecker::Snapshot {
+  std::vector<Buffer> buffers;
+  std::vector<std::vector<unsigned char>> bytes;
+};
+
+namespace {
+
+bool declared_write(const std::vector<Access>& declared, const unsigned char* p) {
+  for (const Access& a : declared) {
+    if (a.mode == AccessMode::kRead || a.ptr == nullptr) continue;
+    auto* b = static_cast<const unsigned char*>(a.ptr);
+    if (p >= b && p < b + a.bytes) return true;
+  }
+  return false;
+}
+
+std::string list_writes(const std::vector<Access>& declared) {
+  std::string s;
+  for (const Access& a : declared) {
+    if (a.mode == AccessMode::kRead) continue;
+    if (!s.empty()) s += ", ";
+    s += std::to_string(a.bytes) + " bytes at " + std::to_string(reinterpret_cast<uintptr_t>(a.ptr));
+  }
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace
+
+DeclarationChecker::DeclarationChecker(bool throw_in_op) : throw_in_op_(throw_in_op) {}
+DeclarationChecker::~DeclarationChecker() = default;
+
+void DeclarationChecker::add_buffer(const void* p, size_t bytes, std::string name) {
+  if (p == nullptr || bytes == 0) return;
+  std::lock_guard lk(mu_);
+  buffers_.push_back({static_cast<const unsigned char*>(p), bytes, std::move(name)});
+}
+
+void DeclarationChecker::remove_buffer(const void* p) {
+  std::lock_guard lk(mu_);
+  std::erase_if(buffers_, [&](const Buffer& b) { return b.begin == p; });
+}
+
+void* DeclarationChecker::allocate_guarded(size_t bytes, std::string name) {
+  Guarded g;
+  g.storage = std::make_unique<unsigned char[]>(bytes + 2 * kGuardBytes);
+  g.bytes = bytes;
+  g.name = name;
+  std::memset(g.storage.get(), kGuardByte, kGuardBytes);
+  std::memset(g.storage.get() + kGuardBytes + bytes, kGuardByte, kGuardBytes);
+  unsigned char* user = g.storage.get() + kGuardBytes;
+  std::lock_guard lk(mu_);
+  // The whole span is registered: the guard zones are never declared, so a write there is always caught.
+  buffers_.push_back({g.storage.get(), bytes + 2 * kGuardBytes, name + " (with guard zones of " +
+                                                                    std::to_string(kGuardBytes) + " bytes)"});
+  guarded_.push_back(std::move(g));
+  return user;
+}
+
+void DeclarationChecker::verify_guards() const {
+  std::lock_guard lk(mu_);
+  for (const Guarded& g : guarded_) {
+    const unsigned char* front = g.storage.get();
+    const unsigned char* back = front + kGuardBytes + g.bytes;
+    for (size_t i = 0; i < kGuardBytes; ++i) {
+      if (front[i] != kGuardByte) {
+        throw DeclarationError("guard zone before buffer '" + g.name + "' overwritten at byte -" +
+                               std::to_string(kGuardBytes - i));
+      }
+      if (back[i] != kGuardByte) {
+        throw DeclarationError("guard zone after buffer '" + g.name + "' (" + std::to_string(g.bytes) +
+                               " bytes) overwritten at byte +" + std::to_string(g.bytes + i));
+      }
+    }
+  }
+}
+
+std::vector<std::string> DeclarationChecker::violations() const {
+  std::lock_guard lk(mu_);
+  return violations_;
+}
+
+DeclarationChecker::Snapshot DeclarationChecker::take_snapshot(const std::vector<Access>& declared) const {
+  Snapshot s;
+  {
+    std::lock_guard lk(mu_);
+    s.buffers = buffers_;
+  }
+  s.bytes.reserve(s.buffers.size());
+  for (const Buffer& b : s.buffers) s.bytes.emplace_back(b.begin, b.begin + b.bytes);
+  return s;
+}
+
+void DeclarationChecker::compare(const Snapshot& before, const std::string& op, const std::string& stream,
+                                 const std::vector<Access>& declared) {
+  for (size_t i = 0; i < before.buffers.size(); ++i) {
+    const Buffer& b = before.buffers[i];
+    const std::vector<unsigned char>& old = before.bytes[i];
+    if (std::memcmp(old.data(), b.begin, b.bytes) == 0) continue;
+    for (size_t k = 0; k < b.bytes; ++k) {
+      if (old[k] == b.begin[k] || declared_write(declared, b.begin + k)) continue;
+      std::string msg = "declaration check: op '" + op + "' on stream '" + stream + "' wrote byte " +
+                        std::to_string(k) + " of buffer '" + b.name + "' (" + std::to_string(b.bytes) +
+                        " bytes at " + std::to_string(reinterpret_cast<uintptr_t>(b.begin)) +
+                        ") outside its declared writes (" + list_writes(declared) + ")";
+      {
+        std::lock_guard lk(mu_);
+        violations_.push_back(msg);
+      }
+      if (throw_in_op_) throw DeclarationError(msg);
+      break;
+    }
+  }
+}
+
+Op DeclarationChecker::checked(Op op, const std::string& stream_name) {
+  if (op.poll || !op.tile || op.num_tiles <= 0) return op;
+  auto self = shared_from_this();
+  auto inner = std::move(op.tile);
+  int num_tiles = op.num_tiles;
+  op.num_tiles = 1;
+  op.tile = [self, inner = std::move(inner), num_tiles, name = op.name, stream_name,
+             declared = op.accesses](int) {
+    Snapshot before = self->take_snapshot(declared);
+    for (int t = 0; t < num_tiles; ++t) inner(t);
+    self->compare(before, name, stream_name, declared);
+  };
+  return op;
+}
+
+void DeclarationChecker::on_launch(const Stream& s, uint64_t seq, const Op& op) {
+  // The runtime passes the operation it is about to enqueue (a non-const object), so rewriting it here is
+  // well defined; see the note in the header.
+  Op& target = const_cast<Op&>(op);
+  target = checked(std::move(target), s.name());
+}
+
+void DeclarationChecker::on_alloc(const void* p, size_t bytes) { add_buffer(p, bytes, "notified allocation"); }
+void DeclarationChecker::on_free(const void* p, size_t bytes) { remove_buffer(p); }
+
+std::shared_ptr<DeclarationChecker> enable_declaration_check(Device& device, bool throw_in_op) {
+  if (device.num_workers() != 1) {
+    throw std::invalid_argument("enable_declaration_check: the device has " + std::to_string(device.num_workers()) +
+                                " workers; the check compares memory around each operation and needs a device "
+                                "with exactly one (CpuDeviceOptions::num_workers = 1)");
+  }
+  auto checker = std::make_shared<DeclarationChecker>(throw_in_op);
+  device.add_observer(checker);
+  return checker;
+}
+
+}  // namespace moe::rt

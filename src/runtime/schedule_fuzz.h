@@ -1,0 +1,100 @@
+// Schedule fuzzing: run one program under many timings and orders and require bitwise-identical output.
+//
+// A correct multi-stream program depends only on its events, so its output cannot change when the scheduler
+// delays a stream, runs the streams one at a time in either order, or hands out tiles in a random order, nor
+// when scratch memory holds NaN instead of whatever the last user left. run_fuzzed runs `body` on a fresh
+// device per setting (the plan), with poisoning on and optionally the stream sanitizer attached, and compares
+// every output with the first run's.
+//
+// Example:
+//   auto outcome = moe::rt::run_fuzzed([&](moe::rt::Device& dev) {
+//     ... enqueue the program on dev, synchronize ...
+//     return moe::rt::bytes_of(output);
+//   });
+//   EXPECT_TRUE(outcome.ok()) << outcome.summary();
+//
+// Poisoning: code that owns scratch memory calls poison_before_reuse(stream, p, bytes) where the memory
+// changes hands (a workspace at the start of a call, a freed output). It is a no-op unless a PoisonScope is
+// alive (run_fuzzed opens one); then it enqueues an operation on `stream` that fills the bytes with 0xFF, a
+// NaN in f32, bf16 and f16, declared as a write so the sanitizer checks the hand-over too.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/runtime.h"
+#include "runtime/sanitizer.h"
+
+namespace moe::rt {
+
+inline constexpr unsigned char kPoisonByte = 0xFF;  // all-ones: a NaN in every IEEE float format
+
+// Fills [p, p + bytes) with kPoisonByte now, on the host.
+void poison_now(void* p, size_t bytes);
+// Enqueues the fill on `s` (declared as a write), whatever the scope.
+void launch_poison(Stream& s, void* p, size_t bytes, const std::string& what = "poison");
+// launch_poison when poisoning is on, else nothing (one atomic load).
+void poison_before_reuse(Stream& s, void* p, size_t bytes, const std::string& what = "poison");
+bool poisoning_enabled();
+
+// Turns poisoning on for its lifetime (process-wide; scopes nest).
+class PoisonScope {
+ public:
+  PoisonScope();
+  ~PoisonScope();
+  PoisonScope(const PoisonScope&) = delete;
+  PoisonScope& operator=(const PoisonScope&) = delete;
+};
+
+// One setting of the plan.
+struct FuzzSetting {
+  std::string name;
+  CpuDeviceOptions options;
+};
+
+struct FuzzConfig {
+  int num_workers = 2;
+  uint64_t seed = 1;
+  int num_delay_runs = 2;  // random delays (of every stream) with different seeds
+  int max_delay_us = 50;
+  bool shuffle_tiles = true;
+  bool poison = true;
+  bool sanitize = true;  // attach a collecting sanitizer to every run; any report is a failure
+};
+
+// baseline (no fuzzing), serialized in creation order and in reverse, shuffled tiles, random delays.
+std::vector<FuzzSetting> fuzz_plan(const FuzzConfig& config);
+
+struct FuzzOutcome {
+  int num_runs = 0;
+  std::vector<std::string> failures;  // one line per failed run or sanitizer report
+  bool ok() const { return failures.empty(); }
+  std::string summary() const;
+};
+
+using FuzzBody = std::function<std::vector<std::byte>(Device&)>;
+using DeviceFactory = std::function<std::unique_ptr<Device>(const CpuDeviceOptions&)>;
+
+// Runs `body` once per setting of fuzz_plan(config), each on a fresh device from `make` (default:
+// make_cpu_device). A run fails when the body throws, the sanitizer reports, or the output differs from the
+// first run's in any byte.
+FuzzOutcome run_fuzzed(const FuzzBody& body, const FuzzConfig& config = {}, const DeviceFactory& make = {});
+
+template <typename T>
+std::vector<std::byte> bytes_of(const std::vector<T>& v) {
+  std::vector<std::byte> out(v.size() * sizeof(T));
+  if (!v.empty()) std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
+inline std::vector<std::byte> bytes_of(const void* p, size_t bytes) {
+  std::vector<std::byte> out(bytes);
+  if (bytes) std::memcpy(out.data(), p, bytes);
+  return out;
+}
+
+}  // namespace moe::rt
