@@ -421,6 +421,72 @@ TEST(RuntimeTracing, RecordsOpsTilesAndEdges) {
   EXPECT_TRUE(dev->take_trace().ops.empty());
 }
 
+// ---- observers -----------------------------------------------------------------------------------------
+
+// Records every hook as text, in call order.
+class RecordingObserver : public Observer {
+ public:
+  std::vector<std::string> calls;
+  void on_stream_created(const Stream& s) override { calls.push_back("created " + s.name()); }
+  void on_launch(const Stream& s, uint64_t seq, const Op& op) override {
+    calls.push_back("launch " + s.name() + " " + std::to_string(seq) + " " + op.name + " " +
+                    std::to_string(op.accesses.size()));
+  }
+  void on_record(const Stream& s, uint64_t seq, const Event& e) override {
+    calls.push_back("record " + s.name() + " " + std::to_string(seq));
+  }
+  void on_wait(const Stream& s, uint64_t seq, const Event& e) override {
+    calls.push_back("wait " + s.name() + " " + std::to_string(seq) + (e.recorded() ? " bound" : " unbound"));
+  }
+  void on_stream_synchronize(const Stream& s) override { calls.push_back("sync " + s.name()); }
+  void on_event_synchronize(const Event& e) override { calls.push_back("event_sync"); }
+  void on_device_synchronize() override { calls.push_back("device_sync"); }
+  void on_alloc(const void* p, size_t bytes) override { calls.push_back("alloc " + std::to_string(bytes)); }
+  void on_free(const void* p, size_t bytes) override { calls.push_back("free " + std::to_string(bytes)); }
+};
+
+TEST(RuntimeObservers, HooksSeeEveryCallInProgramOrderWithPositions) {
+  auto dev = make_cpu_device({.num_workers = 2});
+  auto obs = std::make_shared<RecordingObserver>();
+  dev->add_observer(obs);
+  Stream main = dev->default_stream();
+  Stream side = dev->stream_for("11");
+  float buf[4] = {};
+  dev->notify_alloc(buf, sizeof(buf));
+  Event never, fork;
+  side.wait(never);
+  main.launch({.name = "prep", .num_tiles = 1, .tile = [](int) {}, .accesses = {writes(buf, sizeof(buf))}});
+  main.record(fork);
+  side.wait(fork);
+  side.wait_stream(main);
+  side.synchronize();
+  fork.synchronize();
+  dev->synchronize();
+  dev->notify_free(buf, sizeof(buf));
+  dev->remove_observer(obs.get());
+  main.launch({.name = "unseen", .num_tiles = 0});
+  std::vector<std::string> expected{"created 11",      "alloc 16",       "wait 11 1 unbound", "launch default 1 prep 1",
+                                    "record default 2", "wait 11 2 bound", "record default 3", "wait 11 3 bound",
+                                    "sync 11",         "event_sync",     "device_sync",      "free 16"};
+  EXPECT_EQ(obs->calls, expected);
+}
+
+TEST(RuntimeObservers, ThrowingObserverStopsTheCall) {
+  struct Refuse : Observer {
+    void on_launch(const Stream&, uint64_t, const Op& op) override {
+      if (op.name == "bad") throw std::runtime_error("refused");
+    }
+  };
+  auto dev = make_cpu_device({.num_workers = 1});
+  dev->add_observer(std::make_shared<Refuse>());
+  Stream s = dev->default_stream();
+  std::atomic<int> ran{0};
+  EXPECT_THROW(s.launch({.name = "bad", .num_tiles = 1, .tile = [&](int) { ran++; }}), std::runtime_error);
+  s.launch({.name = "good", .num_tiles = 1, .tile = [&](int) { ran++; }});
+  s.synchronize();
+  EXPECT_EQ(ran.load(), 1);
+}
+
 // ---- lifetime ------------------------------------------------------------------------------------------
 
 TEST(RuntimeLifetime, DestructorDrainsPendingWork) {
