@@ -1,0 +1,62 @@
+#include "layer/dispatch.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace moe {
+
+int64_t max_row_tiles(int64_t pairs, int64_t local_experts) {
+  return pairs / kExpertRowsPerTile + std::min(pairs, local_experts);
+}
+
+namespace {
+
+// start[e]: first grouped row of local expert e; total: rows in use.
+void write_plan(const DispatchArgs& a, const int32_t* start, int32_t total) {
+  const int64_t el = a.local_experts;
+  std::copy(start, start + el, a.offsets);
+  a.offsets[el] = total;
+  int32_t n = 0;
+  constexpr auto kRows = static_cast<int32_t>(kExpertRowsPerTile);
+  for (int64_t e = 0; e < el; ++e)
+    for (int32_t r = a.offsets[e]; r < a.offsets[e + 1]; r += kRows) {
+      a.row_tiles[3 * n] = static_cast<int32_t>(e);
+      a.row_tiles[3 * n + 1] = r;
+      a.row_tiles[3 * n + 2] = std::min(r + kRows, a.offsets[e + 1]);
+      ++n;
+    }
+  *a.num_row_tiles = n;
+}
+
+}  // namespace
+
+void dispatch_tile(const DispatchArgs& a, int tile, int num_tiles) {
+  const int64_t el = a.local_experts, k = a.top_k;
+  const int64_t t0 = a.tokens * tile / num_tiles, t1 = a.tokens * (tile + 1) / num_tiles;
+  int32_t* cursor = a.counters + static_cast<int64_t>(tile) * el;
+  std::fill(cursor, cursor + el, 0);
+  for (int64_t p = 0; p < a.tokens * k; ++p)
+    if (a.ids[p] < el) ++cursor[a.ids[p]];
+  int32_t running = 0;
+  for (int64_t e = 0; e < el; ++e) {
+    const int32_t count = cursor[e];
+    cursor[e] = running;
+    running += count;
+  }
+  if (tile == 0) write_plan(a, cursor, running);
+  for (int64_t p = 0; p < t0 * k; ++p)
+    if (a.ids[p] < el) ++cursor[a.ids[p]];
+  for (int64_t p = t0 * k; p < t1 * k; ++p) {
+    const int32_t e = a.ids[p];
+    if (e >= el) {
+      a.pair_row[p] = -1;
+      continue;
+    }
+    const int32_t r = cursor[e]++;
+    a.pair_row[p] = r;
+    std::memcpy(a.xg + static_cast<int64_t>(r) * a.hidden, a.x + (p / k) * a.hidden,
+                static_cast<size_t>(a.hidden) * sizeof(float));
+  }
+}
+
+}  // namespace moe

@@ -1,0 +1,199 @@
+#include "layer/moe_layer.h"
+
+#include <stdexcept>
+
+#include "layer/dispatch.h"
+#include "layer/routing.h"
+
+namespace moe {
+
+namespace {
+
+// Hands out 64-byte aligned sub-buffers of one allocation; a first pass with base == nullptr measures.
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  template <class T>
+  T* take(int64_t count) {
+    const size_t at = offset_;
+    offset_ += (static_cast<size_t>(count) * sizeof(T) + 63) / 64 * 64;
+    return base_ != nullptr ? reinterpret_cast<T*>(base_ + at) : nullptr;
+  }
+  size_t size() const { return offset_; }
+
+ private:
+  char* base_;
+  size_t offset_ = 0;
+};
+
+ops::RoutedBuffers carve_routed(Carver& cv, const MoeConfig& c, int64_t local_experts, int64_t t) {
+  const int64_t pairs = t * c.top_k;
+  ops::RoutedBuffers b;
+  b.logits = cv.take<float>(t * c.num_experts);
+  b.route_scratch = cv.take<float>(t * routing_scratch_floats(c));
+  b.topk_weights = cv.take<float>(pairs);
+  b.topk_ids = cv.take<int32_t>(pairs);
+  b.pair_row = cv.take<int32_t>(pairs);
+  b.counters = cv.take<int32_t>(ops::kMaxDispatchTiles * local_experts);
+  b.offsets = cv.take<int32_t>(local_experts + 1);
+  b.row_tiles = cv.take<int32_t>(max_row_tiles(pairs, local_experts) * 3);
+  b.num_row_tiles = cv.take<int32_t>(1);
+  b.xg = cv.take<float>(pairs * c.hidden);
+  b.hg = cv.take<float>(pairs * c.moe_intermediate);
+  b.og = cv.take<float>(pairs * c.hidden);
+  b.routed = cv.take<float>(c.has_shared_expert() ? t * c.hidden : 0);
+  return b;
+}
+
+ops::SharedBuffers carve_shared(Carver& cv, const MoeConfig& c, int64_t t) {
+  ops::SharedBuffers b;
+  b.gate = cv.take<float>(t);
+  b.g = cv.take<float>(t * c.shared_intermediate);
+  b.u = cv.take<float>(t * c.shared_intermediate);
+  b.h = cv.take<float>(t * c.shared_intermediate);
+  b.out = cv.take<float>(t * c.hidden);
+  return b;
+}
+
+}  // namespace
+
+MoeLayer::MoeLayer(const MoeConfig& config, const LayerWeights& weights, rt::Device& device, LayerOptions options)
+    : config_(config), weights_(weights), device_(device), options_(std::move(options)) {
+  config_.validate();
+  weights_.validate(config_);
+  if (options_.max_tokens < 1)
+    throw ConfigError("LayerOptions.max_tokens must be >= 1, got " + std::to_string(options_.max_tokens));
+  if (config_.has_shared_expert()) side_ = device_.stream_for(options_.side_stream_tag, options_.side_priority);
+  for (const ExpertWeights& e : weights_.experts) {
+    ops::append_weight(expert_up_weights_, e.gate);
+    ops::append_weight(expert_up_weights_, e.up);
+    ops::append_weight(expert_down_weights_, e.down);
+  }
+  allocate_workspaces();
+}
+
+void MoeLayer::allocate_workspaces() {
+  const int64_t t = options_.max_tokens, el = weights_.num_local_experts();
+  Carver measure_routed(nullptr), measure_shared(nullptr);
+  carve_routed(measure_routed, config_, el, t);
+  routed_ws_ = HostBuffer(measure_routed.size());
+  Carver routed(routed_ws_.as<char>());
+  routed_ = carve_routed(routed, config_, el, t);
+  device_.notify_alloc(routed_ws_.data(), routed_ws_.size());
+  if (config_.has_shared_expert()) {
+    carve_shared(measure_shared, config_, t);
+    shared_ws_ = HostBuffer(measure_shared.size());
+    Carver shared(shared_ws_.as<char>());
+    shared_ = carve_shared(shared, config_, t);
+    device_.notify_alloc(shared_ws_.data(), shared_ws_.size());
+  }
+}
+
+MoeLayer::~MoeLayer() {
+  device_.synchronize();
+  if (routed_ws_.data() != nullptr) device_.notify_free(routed_ws_.data(), routed_ws_.size());
+  if (shared_ws_.data() != nullptr) device_.notify_free(shared_ws_.data(), shared_ws_.size());
+}
+
+ScheduleDecision MoeLayer::effective_schedule(const ForwardOptions& options, int64_t tokens) const {
+  return decide_schedule(config_, options_.policy, options.schedule, tokens, options.prefill);
+}
+
+ops::Context MoeLayer::context(const float* x, int64_t tokens, float* y) const {
+  ops::Context c;
+  c.config = &config_;
+  c.weights = &weights_;
+  c.x = x;
+  c.y = y;
+  c.tokens = tokens;
+  c.num_workers = device_.num_workers();
+  c.routed = routed_;
+  c.shared = shared_;
+  c.expert_up_weights = &expert_up_weights_;
+  c.expert_down_weights = &expert_down_weights_;
+  return c;
+}
+
+void MoeLayer::forward(const float* x, int64_t tokens, float* y, const ForwardOptions& options) {
+  if (tokens < 0 || tokens > options_.max_tokens)
+    throw std::invalid_argument("MoeLayer::forward: tokens=" + std::to_string(tokens) + " outside [0, max_tokens=" +
+                                std::to_string(options_.max_tokens) + "] (raise LayerOptions.max_tokens)");
+  if (tokens == 0) return;
+  if (x == nullptr || y == nullptr) throw std::invalid_argument("MoeLayer::forward: x and y must not be null");
+  const size_t n = static_cast<size_t>(tokens * config_.hidden);
+  if (x < y + n && y < x + n)
+    throw std::invalid_argument("MoeLayer::forward: y overlaps x (the layer never writes its input)");
+  rt::Stream main = rt::current_stream(device_);
+  const ops::Context c = context(x, tokens, y);
+  switch (effective_schedule(options, tokens).schedule) {
+    case Schedule::kSerial: enqueue_serial(c, main, options.check_input); break;
+    case Schedule::kDual: enqueue_dual(c, main, options.check_input); break;
+    case Schedule::kPhased: enqueue_phased(c, main, options.check_input); break;
+  }
+}
+
+// Shared-expert ops are always enqueued before the routed ops they are meant to overlap with: a side stream
+// issued after the routed path has nothing left to overlap (vLLM #48223).
+
+void MoeLayer::enqueue_serial(const ops::Context& c, rt::Stream& main, bool check) {
+  if (check) main.launch(ops::make_check_input_op(c));
+  main.launch(ops::make_router_op(c));
+  main.launch(ops::make_topk_op(c));
+  main.launch(ops::make_dispatch_op(c));
+  main.launch(ops::make_experts_gate_up_op(c));
+  main.launch(ops::make_experts_down_op(c));
+  main.launch(ops::make_combine_op(c));
+  if (!config_.has_shared_expert()) return;
+  if (config_.shared_expert_gate) main.launch(ops::make_shared_gate_op(c));
+  main.launch(ops::make_shared_gate_up_op(c));
+  main.launch(ops::make_shared_act_op(c));
+  main.launch(ops::make_shared_down_op(c));
+  main.launch(ops::make_sum_op(c));
+}
+
+void MoeLayer::enqueue_dual(const ops::Context& c, rt::Stream& main, bool check) {
+  if (check) main.launch(ops::make_check_input_op(c));
+  main.record(fork_);  // x is ready once main gets here
+  side_.wait(fork_);
+  if (config_.shared_expert_gate) side_.launch(ops::make_shared_gate_op(c));
+  side_.launch(ops::make_shared_gate_up_op(c));
+  side_.launch(ops::make_shared_act_op(c));
+  side_.launch(ops::make_shared_down_op(c));
+  side_.record(join_);
+  main.launch(ops::make_router_op(c));
+  main.launch(ops::make_topk_op(c));
+  main.launch(ops::make_dispatch_op(c));
+  main.launch(ops::make_experts_gate_up_op(c));
+  main.launch(ops::make_experts_down_op(c));
+  main.launch(ops::make_combine_op(c));
+  main.wait(join_);
+  main.launch(ops::make_sum_op(c));
+}
+
+void MoeLayer::enqueue_phased(const ops::Context& c, rt::Stream& main, bool check) {
+  if (check) main.launch(ops::make_check_input_op(c));
+  main.launch(ops::make_router_op(c));
+  // Segment 1 (gate linear + gate_up) during top-k and dispatch.
+  main.record(phase_[0]);
+  side_.wait(phase_[0]);
+  if (config_.shared_expert_gate) side_.launch(ops::make_shared_gate_op(c));
+  side_.launch(ops::make_shared_gate_up_op(c));
+  main.launch(ops::make_topk_op(c));
+  main.launch(ops::make_dispatch_op(c));
+  // Segment 2 (SiLU-and-multiply) during the expert compute.
+  main.record(phase_[1]);
+  side_.wait(phase_[1]);
+  side_.launch(ops::make_shared_act_op(c));
+  main.launch(ops::make_experts_gate_up_op(c));
+  main.launch(ops::make_experts_down_op(c));
+  // Segment 3 (down projection) during the combine.
+  main.record(phase_[2]);
+  side_.wait(phase_[2]);
+  side_.launch(ops::make_shared_down_op(c));
+  side_.record(join_);
+  main.launch(ops::make_combine_op(c));
+  main.wait(join_);
+  main.launch(ops::make_sum_op(c));
+}
+
+}  // namespace moe

@@ -1,0 +1,39 @@
+// "combine": per token, the weighted sum of its k expert outputs, in slot order (selection order: score
+// descending, expert index ascending), fp32, starting from 0. Slots owned by another expert-parallel rank
+// (pair_row -1) are skipped. The routing weights already carry routed_scaling_factor (layer/routing.h).
+#include "layer/ops/ops.h"
+
+namespace moe::ops {
+
+namespace {
+constexpr int64_t kTokensPerTile = 16;
+}
+
+rt::Op make_combine_op(const Context& c) {
+  const int64_t t = c.tokens, h = c.config->hidden, k = c.config->top_k;
+  const Grid grid = make_grid((t + kTokensPerTile - 1) / kTokensPerTile, kTokensPerTile, t, h, c.num_workers);
+  const RoutedBuffers b = c.routed;
+  float* out = c.config->has_shared_expert() ? b.routed : c.y;
+  rt::Op op{.name = "combine", .num_tiles = grid.num_tiles()};
+  op.tile = [=](int tile) {
+    const Grid::Cell cell = grid.cell(tile);
+    for (int64_t i = cell.r0; i < cell.r1; ++i) {
+      float* o = out + i * h;
+      for (int64_t col = cell.c0; col < cell.c1; ++col) o[col] = 0.0f;
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t r = b.pair_row[i * k + j];
+        if (r < 0) continue;
+        const float w = b.topk_weights[i * k + j];
+        const float* src = b.og + static_cast<int64_t>(r) * h;
+        for (int64_t col = cell.c0; col < cell.c1; ++col) o[col] += w * src[col];
+      }
+    }
+  };
+  const size_t pairs = static_cast<size_t>(t * k);
+  op.accesses = {rt::reads(b.pair_row, pairs * 4), rt::reads(b.topk_weights, pairs * 4),
+                 rt::reads(b.og, pairs * static_cast<size_t>(h) * 4),
+                 rt::writes(out, static_cast<size_t>(t * h) * 4)};
+  return op;
+}
+
+}  // namespace moe::ops

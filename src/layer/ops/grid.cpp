@@ -1,0 +1,30 @@
+// Tiling helpers shared by the layer's operations.
+#include <algorithm>
+
+#include "layer/ops/ops.h"
+
+namespace moe::ops {
+
+Grid make_grid(int64_t row_blocks, int64_t row_block, int64_t rows, int64_t cols, int num_workers) {
+  Grid g;
+  g.rows = rows;
+  g.row_block = row_block;
+  g.cols = cols;
+  g.num_row_blocks = row_blocks;
+  const int64_t target = 4 * static_cast<int64_t>(std::max(num_workers, 1));
+  const int64_t max_col_blocks = std::max<int64_t>(1, cols / kMinCols);
+  const int64_t want = row_blocks > 0 ? (target + row_blocks - 1) / row_blocks : 1;
+  const int64_t col_blocks = std::clamp<int64_t>(want, 1, max_col_blocks);
+  g.col_block = (cols + col_blocks - 1) / col_blocks;
+  g.num_col_blocks = g.col_block > 0 ? (cols + g.col_block - 1) / g.col_block : 1;
+  return g;
+}
+
+void append_weight(std::vector<rt::Access>& out, const WeightView& w) {
+  if (w.empty()) return;
+  out.push_back(rt::reads(w.data, static_cast<size_t>(w.rows * w.cols) * dtype_size(w.dtype)));
+  if (w.dtype == DType::kF8E4M3 && w.scale_inv != nullptr)
+    out.push_back(rt::reads(w.scale_inv, static_cast<size_t>(((w.rows + 127) / 128) * ((w.cols + 127) / 128)) * 4));
+}
+
+}  // namespace moe::ops

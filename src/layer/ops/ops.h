@@ -1,0 +1,102 @@
+// The layer's operations: each builds one rt::Op (a grid of tiles plus the buffers it reads and writes) for
+// one forward call. Names, as the trace shows them:
+//   routed path (main stream): router, topk, dispatch, experts.gate_up, experts.down, combine
+//   shared branch:             shared_gate, shared_expert.gate_up, shared_expert.act, shared_expert.down
+//   join:                      sum
+//   optional:                  check_input
+// An op's tile count is fixed when it is enqueued, before routing is known (and graph mode captures it once),
+// so the expert grids are sized for the worst case and surplus tiles return at once. Tiles cut output rows and
+// columns, never a reduction, so every output element is computed by exactly one tile in a fixed order
+// (kernels/linear.h's determinism contract): the bits do not depend on the tiling, the worker count or the
+// schedule.
+//
+// The ops capture raw pointers: the layer that built them must outlive their execution.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "model/weights.h"
+#include "runtime/runtime.h"
+
+namespace moe::ops {
+
+// The routed path's workspace (used only by the main stream). Shapes for T tokens, k slots, E experts,
+// E_l local experts, P = T * k pairs.
+struct RoutedBuffers {
+  float* logits = nullptr;         // [T, E] fp32 router logits
+  float* route_scratch = nullptr;  // [T, routing_scratch_floats]
+  float* topk_weights = nullptr;   // [T, k]
+  int32_t* topk_ids = nullptr;     // [T, k]
+  int32_t* pair_row = nullptr;     // [P]   see layer/dispatch.h
+  int32_t* counters = nullptr;     // [kMaxDispatchTiles, E_l]
+  int32_t* offsets = nullptr;      // [E_l + 1]
+  int32_t* row_tiles = nullptr;    // [max_row_tiles, 3]
+  int32_t* num_row_tiles = nullptr;  // [1]
+  float* xg = nullptr;             // [P, H] gathered rows
+  float* hg = nullptr;             // [P, I] silu(gate) * up per grouped row
+  float* og = nullptr;             // [P, H] expert outputs per grouped row
+  float* routed = nullptr;         // [T, H] combined routed output (unused without a shared expert)
+};
+
+// The shared branch's workspace (used by whichever stream runs the shared expert; never the routed one's).
+struct SharedBuffers {
+  float* gate = nullptr;  // [T]      sigmoid(x . w_shared_gate) (Qwen)
+  float* g = nullptr;     // [T, Is]  x . gate_proj
+  float* u = nullptr;     // [T, Is]  x . up_proj
+  float* h = nullptr;     // [T, Is]  silu(g) * u
+  float* out = nullptr;   // [T, H]   down_proj h
+};
+
+inline constexpr int kMaxDispatchTiles = 16;
+
+struct Context {
+  const MoeConfig* config = nullptr;
+  const LayerWeights* weights = nullptr;
+  const float* x = nullptr;  // [T, H], never written
+  float* y = nullptr;        // [T, H]
+  int64_t tokens = 0;
+  int num_workers = 1;
+  RoutedBuffers routed;
+  SharedBuffers shared;
+  // Precomputed weight ranges (built once per layer): every local expert's gate+up, and down.
+  const std::vector<rt::Access>* expert_up_weights = nullptr;
+  const std::vector<rt::Access>* expert_down_weights = nullptr;
+};
+
+// A 2-D tiling of an [rows, cols] output: row blocks of `row_block`, and enough column blocks to give
+// about 4 tiles per worker (columns never narrower than kMinCols).
+struct Grid {
+  int64_t rows = 0, row_block = 1, cols = 0, col_block = 1;
+  int64_t num_row_blocks = 0, num_col_blocks = 1;
+  int num_tiles() const { return static_cast<int>(num_row_blocks * num_col_blocks); }
+  // The row block and column range of a tile (rows clipped to `rows`; may be empty).
+  struct Cell {
+    int64_t row_block, r0, r1, c0, c1;
+  };
+  Cell cell(int tile) const {
+    const int64_t rb = tile / num_col_blocks, cb = tile % num_col_blocks;
+    const int64_t r0 = rb * row_block, c0 = cb * col_block;
+    return {rb, r0, r0 + row_block < rows ? r0 + row_block : rows, c0, c0 + col_block < cols ? c0 + col_block : cols};
+  }
+};
+inline constexpr int64_t kMinCols = 16;
+Grid make_grid(int64_t row_blocks, int64_t row_block, int64_t rows, int64_t cols, int num_workers);
+
+void append_weight(std::vector<rt::Access>& out, const WeightView& w);
+
+rt::Op make_check_input_op(const Context& c);
+rt::Op make_router_op(const Context& c);
+rt::Op make_topk_op(const Context& c);
+rt::Op make_dispatch_op(const Context& c);
+rt::Op make_experts_gate_up_op(const Context& c);
+rt::Op make_experts_down_op(const Context& c);
+rt::Op make_combine_op(const Context& c);  // writes routed, or y when there is no shared expert
+rt::Op make_shared_gate_op(const Context& c);
+rt::Op make_shared_gate_up_op(const Context& c);
+rt::Op make_shared_act_op(const Context& c);
+rt::Op make_shared_down_op(const Context& c);
+rt::Op make_sum_op(const Context& c);  // y = routed + gate * shared (gate = 1 when ungated)
+
+}  // namespace moe::ops

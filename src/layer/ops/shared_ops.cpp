@@ -1,0 +1,88 @@
+// The shared expert's operations (run on the side stream under dual/phased):
+//   "shared_gate"            gate[t] = sigmoid(x_t . w_shared_gate) (Qwen only)
+//   "shared_expert.gate_up"  g = x gate_proj^T, u = x up_proj^T   [T, Is] each
+//   "shared_expert.act"      h = silu(g) * u
+//   "shared_expert.down"     out = h down_proj^T                   [T, H]
+// The gate scaling is applied by "sum", so every schedule runs the same arithmetic.
+#include <algorithm>
+
+#include "kernels/linear.h"
+#include "layer/ops/ops.h"
+
+namespace moe::ops {
+
+namespace {
+constexpr int64_t kTokensPerTile = 16;
+constexpr int64_t kActChunk = 4096;  // elements per "act" tile
+
+Grid token_grid(const Context& c, int64_t cols) {
+  return make_grid((c.tokens + kTokensPerTile - 1) / kTokensPerTile, kTokensPerTile, c.tokens, cols, c.num_workers);
+}
+}  // namespace
+
+rt::Op make_shared_gate_op(const Context& c) {
+  const int64_t t = c.tokens, h = c.config->hidden;
+  const WeightView w = c.weights->shared_gate;
+  const float* x = c.x;
+  float* gate = c.shared.gate;
+  rt::Op op{.name = "shared_gate", .num_tiles = static_cast<int>((t + kTokensPerTile - 1) / kTokensPerTile)};
+  op.tile = [=](int tile) {
+    const int64_t t0 = tile * kTokensPerTile, t1 = std::min(t0 + kTokensPerTile, t);
+    linear(x + t0 * h, t1 - t0, h, w, 0, 1, gate + t0, 1);
+    for (int64_t i = t0; i < t1; ++i) gate[i] = sigmoid(gate[i]);
+  };
+  op.accesses = {rt::reads(x, static_cast<size_t>(t * h) * 4), rt::writes(gate, static_cast<size_t>(t) * 4)};
+  append_weight(op.accesses, w);
+  return op;
+}
+
+rt::Op make_shared_gate_up_op(const Context& c) {
+  const int64_t t = c.tokens, h = c.config->hidden, is = c.config->shared_intermediate;
+  const Grid grid = token_grid(c, is);
+  const ExpertWeights w = c.weights->shared;
+  const float* x = c.x;
+  const SharedBuffers b = c.shared;
+  rt::Op op{.name = "shared_expert.gate_up", .num_tiles = grid.num_tiles()};
+  op.tile = [=](int tile) {
+    const Grid::Cell cell = grid.cell(tile);
+    if (cell.r0 >= cell.r1) return;
+    linear(x + cell.r0 * h, cell.r1 - cell.r0, h, w.gate, cell.c0, cell.c1, b.g + cell.r0 * is, is);
+    linear(x + cell.r0 * h, cell.r1 - cell.r0, h, w.up, cell.c0, cell.c1, b.u + cell.r0 * is, is);
+  };
+  op.accesses = {rt::reads(x, static_cast<size_t>(t * h) * 4), rt::writes(b.g, static_cast<size_t>(t * is) * 4),
+                 rt::writes(b.u, static_cast<size_t>(t * is) * 4)};
+  append_weight(op.accesses, w.gate);
+  append_weight(op.accesses, w.up);
+  return op;
+}
+
+rt::Op make_shared_act_op(const Context& c) {
+  const int64_t n = c.tokens * c.config->shared_intermediate;
+  const SharedBuffers b = c.shared;
+  rt::Op op{.name = "shared_expert.act", .num_tiles = static_cast<int>((n + kActChunk - 1) / kActChunk)};
+  op.tile = [=](int tile) {
+    const int64_t i0 = tile * kActChunk, i1 = std::min(i0 + kActChunk, n);
+    silu_mul(b.g + i0, b.u + i0, b.h + i0, i1 - i0);
+  };
+  op.accesses = {rt::reads(b.g, static_cast<size_t>(n) * 4), rt::reads(b.u, static_cast<size_t>(n) * 4),
+                 rt::writes(b.h, static_cast<size_t>(n) * 4)};
+  return op;
+}
+
+rt::Op make_shared_down_op(const Context& c) {
+  const int64_t t = c.tokens, h = c.config->hidden, is = c.config->shared_intermediate;
+  const Grid grid = token_grid(c, h);
+  const WeightView w = c.weights->shared.down;
+  const SharedBuffers b = c.shared;
+  rt::Op op{.name = "shared_expert.down", .num_tiles = grid.num_tiles()};
+  op.tile = [=](int tile) {
+    const Grid::Cell cell = grid.cell(tile);
+    if (cell.r0 >= cell.r1) return;
+    linear(b.h + cell.r0 * is, cell.r1 - cell.r0, is, w, cell.c0, cell.c1, b.out + cell.r0 * h, h);
+  };
+  op.accesses = {rt::reads(b.h, static_cast<size_t>(t * is) * 4), rt::writes(b.out, static_cast<size_t>(t * h) * 4)};
+  append_weight(op.accesses, w);
+  return op;
+}
+
+}  // namespace moe::ops

@@ -1,0 +1,53 @@
+// The layer's schedules (how the shared expert is placed against the routed path) and the overlap policies
+// that can force a call back to `serial`. See ../shared/docs/design.md, "The layer and its schedules".
+//
+//   serial: every operation on the caller's stream.
+//   dual:   form A. Fork after the input is ready; the whole shared expert (and its gate) on the side stream;
+//           join before the final sum.
+//   phased: form B. The shared expert in three segments, each released by a wait on an event recorded on the
+//           main stream: (shared_gate + gate_up) during top-k/dispatch, act during the expert compute, down
+//           during the combine; join before the sum.
+// All schedules run the same operations with the same reduction orders: the output is bitwise identical.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "model/config.h"
+
+namespace moe {
+
+enum class Schedule : uint8_t { kSerial, kDual, kPhased };
+
+std::string_view schedule_name(Schedule s);
+// Accepts "serial", "dual", "phased"; throws std::invalid_argument listing them otherwise.
+Schedule parse_schedule(std::string_view name);
+
+// When a multi-stream schedule falls back to serial. Every field is an explicit argument; from_env() only
+// supplies the defaults:
+//   MOE_OVERLAP_MULTI_STREAM    0/1, default 1  (the switch of the seeds: 0 = always serial)
+//   MOE_OVERLAP_DECODE_ONLY     0/1, default 1  (a call marked prefill stays serial, as form A does)
+//   MOE_OVERLAP_TOKEN_THRESHOLD integer >= 0, default 256 (more tokens than this: serial; 0 = no limit;
+//                               256 is vLLM's VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD)
+struct OverlapPolicy {
+  bool multi_stream = true;
+  bool decode_only = true;
+  int64_t token_threshold = 256;
+
+  // Reads the variables above; throws std::invalid_argument naming the variable when one is malformed.
+  static OverlapPolicy from_env();
+  // Never falls back (tests and tools that want exactly the schedule they ask for).
+  static OverlapPolicy always();
+};
+
+struct ScheduleDecision {
+  Schedule schedule = Schedule::kSerial;
+  std::string reason;  // why it differs from the request; empty when it does not
+};
+
+// The schedule a call actually runs. A model without a shared expert (qwen3_moe) always runs serial.
+ScheduleDecision decide_schedule(const MoeConfig& config, const OverlapPolicy& policy, Schedule requested,
+                                 int64_t tokens, bool prefill);
+
+}  // namespace moe
