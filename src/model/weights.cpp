@@ -123,13 +123,16 @@ LayerWeights make_random_weights(const MoeConfig& c, const RandomWeightOptions& 
     w.correction_bias = b->as<float>();
     w.storage.emplace_back(b);
   }
-  const int64_t n_local = o.num_local_experts < 0 ? c.num_experts : o.num_local_experts;
-  if (n_local < 1 || n_local > c.num_experts)
-    throw ConfigError("--experts: must be in [1, " + std::to_string(c.num_experts) + "], got " +
+  if (o.first_expert < 0 || o.first_expert >= c.num_experts)
+    throw ConfigError("first_expert: must be in [0, " + std::to_string(c.num_experts) + "), got " +
+                      std::to_string(o.first_expert));
+  const int64_t n_local = o.num_local_experts < 0 ? c.num_experts - o.first_expert : o.num_local_experts;
+  if (n_local < 1 || o.first_expert + n_local > c.num_experts)
+    throw ConfigError("--experts: must be in [1, " + std::to_string(c.num_experts - o.first_expert) + "], got " +
                       std::to_string(n_local));
   const int64_t h = c.hidden, i = c.moe_intermediate;
   for (int64_t e = 0; e < n_local; ++e) {
-    const uint64_t id = 16 + 4 * static_cast<uint64_t>(e);
+    const uint64_t id = 16 + 4 * static_cast<uint64_t>(o.first_expert + e);
     w.experts.push_back({f.make(o.dtype, i, h, id), f.make(o.dtype, i, h, id + 1), f.make(o.dtype, h, i, id + 2)});
   }
   if (c.has_shared_expert()) {

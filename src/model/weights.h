@@ -37,6 +37,9 @@ struct RandomWeightOptions {
   DType dtype = DType::kBF16;       // expert and shared weights; the router is bf16 unless dtype is f32
   uint64_t seed = 0;
   int64_t num_local_experts = -1;   // -1: all experts
+  // Experts [first_expert, first_expert + num_local_experts) (-1: to the last); each expert's values depend
+  // only on (seed, expert id), so a writer can stream a layer a slice of experts at a time.
+  int64_t first_expert = 0;
   float scale = 0.0f;               // 0: 1/sqrt(fan_in), like a trained layer's magnitude
 };
 // Seeded random weights with the layer's real shapes (fp8: random codes with random per-block scales).
