@@ -30,6 +30,10 @@ nlohmann::json parse_json_strict(std::string_view text) {
     }
     return true;
   };
+  // nlohmann's lexer takes a NUL byte for the end of input and would accept "{}\0garbage"; valid JSON text
+  // never holds a raw NUL (not even inside strings), so reject it outright.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+    throw std::runtime_error("invalid JSON: NUL byte at offset " + std::to_string(nul));
   try {
     return nlohmann::json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true);
   } catch (const DuplicateKey&) {
