@@ -70,8 +70,10 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
                   bool prefetch) {
   using Reg = typename V::Reg;
   constexpr int L = V::kLanes;
-  constexpr int64_t kPrefetchAhead = 1024;  // bytes-ish ahead of the stream, in elements of one row
+  constexpr int64_t kBlockColBytes = R * static_cast<int64_t>(dtype_size(D));
   const int64_t K = w.cols;
+  const char* next = static_cast<const char*>(w.data) + (n + R) * K * static_cast<int64_t>(dtype_size(D));
+  const char* end = static_cast<const char*>(w.data) + w.rows * K * static_cast<int64_t>(dtype_size(D));
   RowCursor<V, D> rows[R];
   Reg acc[R][T];
 #pragma GCC unroll 8
@@ -85,10 +87,11 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
     for (int r = 0; r < R; ++r) rows[r].block(kb / kScaleBlock);
     const int64_t kend = std::min(K, kb + kScaleBlock);
     if (prefetch) {
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r)
-        for (int64_t kp = kb; kp < kend; kp += 64 / static_cast<int64_t>(dtype_size(D)))
-          if (kp + kPrefetchAhead < K) rows[r].prefetch(kp + kPrefetchAhead);
+      // The hardware prefetchers lose the R short row streams at every row block (a bf16 row of 2048 is
+      // one 4 KiB page), so stream the next row block into L2 at the rate this one is consumed.
+      const char* from = next + kb * kBlockColBytes;
+      const char* to = std::min(next + kend * kBlockColBytes, end);
+      for (; from < to; from += 64) V::prefetch(from);
     }
     int64_t k = kb;
     for (; k + L <= kend; k += L) {

@@ -1,0 +1,169 @@
+// Micro-benchmarks of the linear kernels against this machine's measured roofline.
+//
+// Decode (M = 1..32 tokens): bytes of weight streamed per second, rotating over enough distinct matrices
+// (1.5 GiB in all by default, MOE_BENCH_ROTATE_MIB) that every iteration reads its weights from memory,
+// not from the 32 MiB L3. Each benchmark thread rotates over its own matrices. bw_frac = achieved / the
+// read bandwidth measured at start-up with the same number of threads.
+// Prefill (M = 512, 2048): GFLOP/s on one matrix (in cache, as in a blocked expert GEMM), the threads
+// splitting its rows; peak_frac = achieved / the fp32-FMA peak measured at start-up (the kernels use fp32
+// FMA on exactly converted weights).
+// The second argument is the ISA (0 scalar, 1 avx2, 2 avx512); set MOE_KERNEL_ISA to pin one instead.
+#include <benchmark/benchmark.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/dtype.h"
+#include "kernels/linear.h"
+#include "kernels/roofline.h"
+#include "kernels/weight.h"
+
+namespace {
+
+using moe::DType;
+using moe::WeightView;
+
+double g_bw_gbps[3] = {0, 0, 0};  // by thread count 1, 2
+double g_peak_f32[3] = {0, 0, 0};
+
+// One huge-page-advised, pre-faulted region of pseudo-random bf16-ish bytes, shared by all benchmarks.
+struct Pool {
+  char* data = nullptr;
+  size_t bytes = 0;
+  Pool() {
+    const char* env = std::getenv("MOE_BENCH_ROTATE_MIB");
+    bytes = (env ? std::strtoull(env, nullptr, 10) : 1536) << 20;
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      std::fprintf(stderr, "bench_kernels: cannot map %zu bytes\n", bytes);
+      std::exit(1);
+    }
+    madvise(p, bytes, MADV_HUGEPAGE);
+    data = static_cast<char*>(p);
+    // Small finite values whatever the dtype: bf16 in +-[2^-8, 2), fp8 codes below the NaN code.
+    auto* h = reinterpret_cast<uint16_t*>(data);
+    uint32_t s = 12345;
+    for (size_t i = 0; i < bytes / 2; ++i) {
+      s = s * 1664525u + 1013904223u;
+      h[i] = static_cast<uint16_t>(0x3b00 + ((s >> 16) & 0x3ff) + ((s & 0x100) ? 0x8000 : 0));
+    }
+  }
+  static Pool& get() {
+    static Pool pool;
+    return pool;
+  }
+};
+
+std::vector<float> g_scales(64 * 64, 1.0f / 256);
+
+// The i-th of the distinct [rows x cols] matrices that fit in the pool.
+WeightView matrix(DType dt, int64_t rows, int64_t cols, int64_t i, int64_t* count) {
+  Pool& pool = Pool::get();
+  const int64_t bytes = rows * cols * static_cast<int64_t>(moe::dtype_size(dt));
+  *count = static_cast<int64_t>(pool.bytes) / bytes;
+  WeightView w;
+  w.dtype = dt;
+  w.rows = rows;
+  w.cols = cols;
+  w.data = pool.data + (i % *count) * bytes;
+  if (dt == DType::kF8E4M3) w.scale_inv = g_scales.data();
+  return w;
+}
+
+void select_isa(benchmark::State& state, int64_t arg) {
+  const moe::Isa isa = static_cast<moe::Isa>(arg);
+  if (!std::getenv("MOE_KERNEL_ISA")) {
+    if (!moe::isa_supported(isa)) return state.SkipWithError("ISA not supported");
+    moe::set_active_isa(isa);
+  }
+  state.SetLabel(std::string(moe::isa_name(moe::active_isa())));
+}
+
+void decode(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
+  const int64_t M = state.range(0);
+  select_isa(state, state.range(1));
+  std::vector<float> x(M * cols), y(M * rows);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
+  int64_t count = 0;
+  matrix(dt, rows, cols, 0, &count);
+  int64_t i = state.thread_index();
+  int64_t bytes = 0;
+  for (auto _ : state) {
+    const WeightView w = matrix(dt, rows, cols, i, &count);
+    moe::linear(x.data(), M, cols, w, 0, rows, y.data(), rows);
+    benchmark::DoNotOptimize(y.data());
+    bytes += w.bytes();
+    i += state.threads();
+  }
+  state.SetBytesProcessed(bytes);
+  state.counters["bw_frac"] =
+      benchmark::Counter(static_cast<double>(bytes) / (g_bw_gbps[state.threads()] * 1e9), benchmark::Counter::kIsRate);
+}
+
+void prefill(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
+  const int64_t M = state.range(0);
+  select_isa(state, state.range(1));
+  std::vector<float> x(M * cols), y(M * rows);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
+  int64_t count = 0;
+  const WeightView w = matrix(dt, rows, cols, 0, &count);
+  const int64_t n0 = rows * state.thread_index() / state.threads();
+  const int64_t n1 = rows * (state.thread_index() + 1) / state.threads();
+  double flops = 0;
+  for (auto _ : state) {
+    moe::linear(x.data(), M, cols, w, n0, n1, y.data(), rows);
+    benchmark::DoNotOptimize(y.data());
+    flops += 2.0 * static_cast<double>(M * (n1 - n0) * cols);
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
+  state.counters["peak_frac"] =
+      benchmark::Counter(flops / (g_peak_f32[state.threads()] * 1e9), benchmark::Counter::kIsRate);
+}
+
+// With --benchmark_repetitions: the least disturbed repetition (this machine is shared and noisy).
+double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+
+void decode_args(benchmark::internal::Benchmark* b) {
+  for (int64_t isa : {1, 2})
+    for (int64_t m : {1, 2, 4, 8, 16, 32}) b->Args({m, isa});
+  b->Threads(1)->Threads(2)->UseRealTime()->MinTime(0.3)->ComputeStatistics("min", min_of);
+}
+void prefill_args(benchmark::internal::Benchmark* b) {
+  for (int64_t isa : {1, 2})
+    for (int64_t m : {512, 2048}) b->Args({m, isa});
+  b->Threads(1)->Threads(2)->UseRealTime()->MinTime(0.5)->ComputeStatistics("min", min_of);
+}
+
+// Qwen3-Next expert gate/up [512 x 2048] and down [2048 x 512] in bf16; DeepSeek-V3 fp8 [2048 x 7168].
+BENCHMARK_CAPTURE(decode, bf16_512x2048, DType::kBF16, 512, 2048)->Apply(decode_args);
+BENCHMARK_CAPTURE(decode, bf16_2048x512, DType::kBF16, 2048, 512)->Apply(decode_args);
+BENCHMARK_CAPTURE(decode, fp8_2048x7168, DType::kF8E4M3, 2048, 7168)->Apply(decode_args);
+BENCHMARK_CAPTURE(decode, f32_512x2048, DType::kF32, 512, 2048)->Apply(decode_args);
+BENCHMARK_CAPTURE(prefill, bf16_512x2048, DType::kBF16, 512, 2048)->Apply(prefill_args);
+BENCHMARK_CAPTURE(prefill, bf16_2048x7168, DType::kBF16, 2048, 7168)->Apply(prefill_args);
+BENCHMARK_CAPTURE(prefill, fp8_2048x7168, DType::kF8E4M3, 2048, 7168)->Apply(prefill_args);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  Pool::get();  // map and fill before measuring anything
+  for (int t : {1, 2}) {
+    g_bw_gbps[t] = moe::measure_read_bandwidth_gbps(t);
+    g_peak_f32[t] = moe::measure_peak_gflops(t, moe::PeakKind::kF32Fma);
+    const double bf16 = moe::measure_peak_gflops(t, moe::PeakKind::kBf16Dot);
+    std::fprintf(stderr, "roofline, %d thread(s): read %.1f GB/s, fp32 FMA %.0f GFLOP/s, bf16 dot %.0f GFLOP/s\n", t,
+                 g_bw_gbps[t], g_peak_f32[t], bf16);
+    benchmark::AddCustomContext("read_gbps_" + std::to_string(t), std::to_string(g_bw_gbps[t]));
+    benchmark::AddCustomContext("fp32_fma_gflops_" + std::to_string(t), std::to_string(g_peak_f32[t]));
+    benchmark::AddCustomContext("bf16_dot_gflops_" + std::to_string(t), std::to_string(bf16));
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
