@@ -90,7 +90,10 @@ void MoeLayer::allocate_workspaces() {
 }
 
 MoeLayer::~MoeLayer() {
-  device_.synchronize();
+  // Wait for the last call's work without rethrowing its errors (they belong to whoever synchronizes the
+  // stream): the side stream's last work precedes join_, and done_ is recorded at the end of every call.
+  join_.synchronize();
+  done_.synchronize();
   if (routed_ws_.data() != nullptr) device_.notify_free(routed_ws_.data(), routed_ws_.size());
   if (shared_ws_.data() != nullptr) device_.notify_free(shared_ws_.data(), shared_ws_.size());
 }
@@ -130,6 +133,7 @@ void MoeLayer::forward(const float* x, int64_t tokens, float* y, const ForwardOp
     case Schedule::kDual: enqueue_dual(c, main, options.check_input); break;
     case Schedule::kPhased: enqueue_phased(c, main, options.check_input); break;
   }
+  main.record(done_);
 }
 
 // Shared-expert ops are always enqueued before the routed ops they are meant to overlap with: a side stream

@@ -94,7 +94,7 @@ class MoeLayer {
   ops::SharedBuffers shared_;
   std::vector<rt::Access> expert_up_weights_;
   std::vector<rt::Access> expert_down_weights_;
-  rt::Event fork_, join_;
+  rt::Event fork_, join_, done_;
   std::array<rt::Event, 3> phase_;
 };
 
