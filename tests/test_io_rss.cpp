@@ -1,0 +1,73 @@
+// Peak resident memory of loading a real-size Qwen3-Next-80B-A3B layer (3 GiB bf16) and touching what one
+// decode token reads (router, 10 experts, shared expert, shared gate): a report, not a timed test, so it is
+// disabled by default. Run:
+//   build-io/tests/test_io_rss --gtest_also_run_disabled_tests --gtest_filter='*RealLayer*'
+// Needs ~3.1 GiB free in $TMPDIR (or /tmp); the checkpoint is written by a child process so that the writer's
+// memory does not count, and deleted afterwards.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "io/checkpoint.h"
+#include "io/make_checkpoint.h"
+#include "io/rss.h"
+#include "test_io_util.h"
+
+namespace moe {
+namespace {
+
+// Reads one byte per 4 KiB page (every page of the matrix is faulted in, as a GEMV would).
+uint64_t touch(const WeightView& w, int64_t* bytes) {
+  const auto* p = static_cast<const uint8_t*>(w.data);
+  const int64_t n = w.rows * w.cols * static_cast<int64_t>(dtype_size(w.dtype));
+  uint64_t sum = 0;
+  for (int64_t i = 0; i < n; i += 4096) sum += p[i];
+  sum += p[n - 1];
+  *bytes += n;
+  return sum;
+}
+
+TEST(IoRss, DISABLED_RealLayerLoadTouchesOnlyWhatItReads) {
+  test::ScratchDir dir;
+  const MoeConfig c = find_preset("qwen3-next-80b-a3b").config;
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    try {
+      write_checkpoint(dir.path(), c, {});
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      _exit(1);
+    }
+    std::fprintf(stderr, "writer peak RSS: %.1f MiB\n", static_cast<double>(peak_rss_bytes()) / (1 << 20));
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const int64_t before = peak_rss_bytes();
+  const LayerWeights w = load_layer(dir.path(), c, 0);
+  int64_t touched = 0;
+  uint64_t sum = touch(w.router, &touched);
+  for (int e = 0; e < c.top_k; ++e) {
+    sum += touch(w.experts[static_cast<size_t>(e) * 37 % 512].gate, &touched);
+    sum += touch(w.experts[static_cast<size_t>(e) * 37 % 512].up, &touched);
+    sum += touch(w.experts[static_cast<size_t>(e) * 37 % 512].down, &touched);
+  }
+  sum += touch(w.shared.gate, &touched) + touch(w.shared.up, &touched) + touch(w.shared.down, &touched);
+  sum += touch(w.shared_gate, &touched);
+  const int64_t peak = peak_rss_bytes();
+  const double mib = 1 << 20;
+  std::printf("layer bytes %.1f MiB; touched %.1f MiB; peak RSS %.1f MiB (before load %.1f MiB, growth %.1f MiB); "
+              "target 1.1 x touched + 64 MiB = %.1f MiB  [checksum %llu]\n",
+              static_cast<double>(c.layer_weight_bytes(c.num_experts, 2)) / mib, static_cast<double>(touched) / mib,
+              static_cast<double>(peak) / mib, static_cast<double>(before) / mib,
+              static_cast<double>(peak - before) / mib, (1.1 * static_cast<double>(touched) + 64 * mib) / mib,
+              static_cast<unsigned long long>(sum));
+  EXPECT_LT(static_cast<double>(peak), 1.1 * static_cast<double>(touched) + 64 * mib);
+}
+
+}  // namespace
+}  // namespace moe
