@@ -241,6 +241,10 @@ class CpuDevice final : public Device {
   }
   int num_workers() const override { return core_->num_workers(); }
   void synchronize() override {
+    if (core_->active_capture) {
+      throw std::logic_error("Device::synchronize during graph capture (nothing runs while capturing; "
+                             "synchronize after end_capture)");
+    }
     for (auto& o : core_->observers) o->on_device_synchronize();
     core_->synchronize_all();
   }

@@ -27,7 +27,7 @@
 namespace moe::rt {
 
 struct CpuEntry {
-  enum class Kind : uint8_t { kOp, kRecord, kWait };
+  enum class Kind : uint8_t { kOp, kRecord, kWait, kGraph };
   Kind kind = Kind::kOp;
   uint64_t seq = 0;
   Op op;
@@ -43,6 +43,9 @@ struct CpuEntry {
   int64_t next_poll_ns = 0;
   std::vector<int> tile_order;        // shuffled tile order (fuzzing only)
   std::unique_ptr<OpRecord> trace;    // tracing only
+  // kGraph: one replay of an instantiated graph (cpu_graph.cpp); its nodes are scheduled as one DAG.
+  std::shared_ptr<GraphExecImpl> graph;
+  std::vector<OpRecord> node_traces;  // tracing only, one per node
 };
 
 struct CpuStream : StreamImpl {
@@ -56,6 +59,7 @@ struct CpuWork {
   CpuStream* stream = nullptr;
   CpuEntry* entry = nullptr;
   int tile = -1;  // -1: a poll
+  int node = -1;  // >= 0: a tile of this node of the graph entry
   bool run = true;  // false: the stream failed meanwhile; count the tile without running it
   int delay_us = 0;
 };
@@ -76,6 +80,7 @@ class CpuCore : public DeviceCore {
   uint64_t enqueue_op(const std::shared_ptr<StreamImpl>& s, Op&& op) override;
   uint64_t enqueue_record(const std::shared_ptr<StreamImpl>& s, EventImpl& event) override;
   uint64_t enqueue_wait(const std::shared_ptr<StreamImpl>& s, const EventBinding& binding) override;
+  uint64_t enqueue_graph(const std::shared_ptr<StreamImpl>& s, const std::shared_ptr<GraphExecImpl>& g) override;
   void synchronize_stream(StreamImpl& s) override;
   void wait_host(StreamImpl& s, uint64_t seq) override;
 
@@ -90,7 +95,12 @@ class CpuCore : public DeviceCore {
   void run_work(const CpuWork& work, int worker, std::unique_lock<std::mutex>& lk);
   void finish_tile(const CpuWork& work, int worker, int64_t t0, int64_t t1, const std::string* error);
   void finish_poll(const CpuWork& work, bool done, const std::string* error);
-  void fail(CpuStream& s, const CpuEntry& e, const std::string& what);
+  void fail(CpuStream& s, uint64_t seq, const std::string& op_name, const std::string& what);
+  // Graph replay (cpu_graph.cpp).
+  bool start_graph(CpuEntry& e);
+  bool pick_graph(CpuStream& s, CpuEntry& e, CpuWork& work);
+  void graph_node_done(CpuEntry& e, int node);
+  void finish_graph_tile(const CpuWork& work, int worker, int64_t t0, int64_t t1, const std::string* error);
   void complete_head(CpuStream& s);
   bool advance(CpuStream& s);
   void advance_all();

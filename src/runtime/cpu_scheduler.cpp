@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "runtime/cpu_device.h"
+#include "runtime/graph_capture.h"
 
 namespace moe::rt {
 
@@ -14,8 +15,9 @@ namespace {
 // How often an op in its poll phase is polled when nothing else is ready.
 constexpr int64_t kPollIntervalNs = 20'000;
 
-std::string describe_failure(const CpuStream& s, const CpuEntry& e, const std::string& what) {
-  return "op '" + e.op.name + "' (position " + std::to_string(e.seq) + ") on stream '" + s.name + "' (id " +
+std::string describe_failure(const CpuStream& s, uint64_t seq, const std::string& op_name,
+                             const std::string& what) {
+  return op_name + " (position " + std::to_string(seq) + ") on stream '" + s.name + "' (id " +
          std::to_string(s.id) + ") failed: " + what;
 }
 }  // namespace
@@ -71,8 +73,10 @@ bool CpuCore::pick(CpuWork& work) {
 bool CpuCore::pick_from(CpuStream& s, CpuWork& work, int64_t now) {
   if (s.queue.empty()) return false;
   CpuEntry& e = s.queue.front();
-  if (e.kind != CpuEntry::Kind::kOp) return false;  // an unsatisfied wait: a dependency, not work
+  if (e.kind == CpuEntry::Kind::kWait) return false;  // an unsatisfied wait: a dependency, not work
   if (options_.fuzz.serialize_streams && serial_owner_ != nullptr && serial_owner_ != &s) return false;
+  if (e.kind == CpuEntry::Kind::kGraph) return e.started && pick_graph(s, e, work);
+  work.node = -1;
   if (e.poll_phase) {
     if (e.polling || now < e.next_poll_ns) return false;
     e.polling = true;
@@ -97,7 +101,9 @@ bool CpuCore::pick_from(CpuStream& s, CpuWork& work, int64_t now) {
 }
 
 void CpuCore::run_work(const CpuWork& work, int worker, std::unique_lock<std::mutex>& lk) {
-  const bool tracing = work.entry->trace != nullptr;  // set at enqueue, before this worker saw the entry
+  // Both set at enqueue, before this worker saw the entry.
+  const bool tracing = work.entry->trace != nullptr || !work.entry->node_traces.empty();
+  const Op& op = work.node >= 0 ? work.entry->graph->nodes[work.node].op : work.entry->op;
   lk.unlock();
   if (work.delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(work.delay_us));
   std::string error;
@@ -106,9 +112,9 @@ void CpuCore::run_work(const CpuWork& work, int worker, std::unique_lock<std::mu
   int64_t t0 = tracing ? now_ns() : 0;
   try {
     if (work.tile < 0) {
-      done = work.entry->op.poll();
+      done = op.poll();
     } else if (work.run) {
-      work.entry->op.tile(work.tile);
+      op.tile(work.tile);
     }
   } catch (const std::exception& ex) {
     failed = true;
@@ -121,21 +127,23 @@ void CpuCore::run_work(const CpuWork& work, int worker, std::unique_lock<std::mu
   lk.lock();
   if (work.tile < 0) {
     finish_poll(work, done, failed ? &error : nullptr);
+  } else if (work.node >= 0) {
+    finish_graph_tile(work, worker, t0, t1, failed ? &error : nullptr);
   } else {
     finish_tile(work, worker, t0, t1, failed ? &error : nullptr);
   }
 }
 
-void CpuCore::fail(CpuStream& s, const CpuEntry& e, const std::string& what) {
+void CpuCore::fail(CpuStream& s, uint64_t seq, const std::string& op_name, const std::string& what) {
   if (s.error) return;  // the first error is the one reported
   s.error = true;
-  s.error_message = describe_failure(s, e, what);
+  s.error_message = describe_failure(s, seq, op_name, what);
 }
 
 void CpuCore::finish_tile(const CpuWork& work, int worker, int64_t t0, int64_t t1, const std::string* error) {
   CpuStream& s = *work.stream;
   CpuEntry& e = *work.entry;
-  if (error) fail(s, e, *error);
+  if (error) fail(s, e.seq, "op '" + e.op.name + "'", *error);
   if (e.trace && work.run) e.trace->tiles.push_back(TileRecord{work.tile, worker, t0, t1});
   if (++e.tiles_done < e.op.num_tiles) return;
   if (e.op.poll && !s.error) {
@@ -151,7 +159,7 @@ void CpuCore::finish_poll(const CpuWork& work, bool done, const std::string* err
   CpuStream& s = *work.stream;
   CpuEntry& e = *work.entry;
   e.polling = false;
-  if (error) fail(s, e, *error);
+  if (error) fail(s, e.seq, "op '" + e.op.name + "'", *error);
   if (done || error) {
     --num_poll_heads_;
     complete_head(s);
@@ -185,6 +193,11 @@ bool CpuCore::advance(CpuStream& s) {
       if (tracing_ && e.wait_stream) {
         trace_.edges.push_back(EdgeRecord{e.wait_stream->id, e.wait_seq, s.id, e.seq, now_ns()});
       }
+    } else if (e.kind == CpuEntry::Kind::kGraph) {
+      if (e.started) break;
+      if (options_.fuzz.serialize_streams && serial_owner_ != nullptr && serial_owner_ != &s) break;
+      // Another replay of the same GraphExec still running holds this one back (one replay at a time).
+      if (!s.error && (e.graph->running || !start_graph(e))) break;
     } else if (e.kind == CpuEntry::Kind::kOp) {
       if (e.started || e.poll_phase) break;
       if (!s.error) {

@@ -36,6 +36,7 @@ namespace moe::rt {
 
 class Device;
 class Graph;
+class GraphExec;
 struct StreamImpl;
 struct EventImpl;
 
@@ -136,6 +137,7 @@ struct OpRecord {
   int64_t start_ns = 0;  // first tile start (or first poll)
   int64_t end_ns = 0;    // completion
   std::vector<TileRecord> tiles;
+  int graph_node = -1;  // index of the node in a replayed graph (graph.h); -1 for an eager operation
 };
 // An event edge as traced: `record` on one stream released a `wait` on another.
 struct EdgeRecord {
@@ -183,6 +185,8 @@ class Observer {
   virtual void on_stream_synchronize(const Stream& s) {}
   virtual void on_event_synchronize(const Event& e) {}
   virtual void on_device_synchronize() {}
+  // A replay of a captured graph (graph.h) enqueued at position `seq` of `s`: its nodes run as one entry.
+  virtual void on_graph_launch(const Stream& s, uint64_t seq, const GraphExec& exec) {}
   // A buffer's lifetime as the allocator sees it: after on_free, a later on_alloc may return the same bytes.
   virtual void on_alloc(const void* p, size_t bytes) {}
   virtual void on_free(const void* p, size_t bytes) {}

@@ -18,13 +18,14 @@ namespace moe::rt {
 
 class DeviceCore;
 struct CaptureState;
+struct GraphExecImpl;
 
 // Where an event's latest record points: a position on a stream (eager), or a node of a graph being captured.
 struct EventBinding {
   std::shared_ptr<StreamImpl> stream;  // null: never recorded
   uint64_t seq = 0;                    // the record's position on `stream`
   std::shared_ptr<CaptureState> capture;  // set when recorded inside a capture
-  int node = -1;                          // the last captured node before the record (-1: none)
+  std::vector<int> capture_nodes;         // the captured nodes the record follows (a waiter depends on them)
 };
 
 struct EventImpl {
@@ -57,7 +58,8 @@ struct StreamImpl {
 
   // Graph capture (graph.cpp). Touched only by the host threads that drive the capture.
   std::shared_ptr<CaptureState> capture;
-  int capture_tail = -1;  // last node captured on this stream (-1: none since it joined)
+  std::vector<int> capture_deps;  // nodes the next captured node of this stream depends on
+  int capture_last = -1;          // last node captured on this stream (-1: none since it joined)
 };
 
 // The backend interface under the public handles. Every function is called on the host thread in program
@@ -72,6 +74,8 @@ class DeviceCore {
   virtual uint64_t enqueue_wait(const std::shared_ptr<StreamImpl>& s, const EventBinding& binding) = 0;
   // Blocks until the stream has completed everything enqueued; rethrows (and clears) its error.
   virtual void synchronize_stream(StreamImpl& s) = 0;
+  // Enqueue one replay of an instantiated graph.
+  virtual uint64_t enqueue_graph(const std::shared_ptr<StreamImpl>& s, const std::shared_ptr<GraphExecImpl>& g) = 0;
   // Blocks until s->completed >= seq.
   virtual void wait_host(StreamImpl& s, uint64_t seq) = 0;
 

@@ -1,0 +1,130 @@
+// Graph replay on the CPU device ("stream fusion"): one stream entry runs a whole instantiated graph. The
+// nodes of all captured streams form one DAG: a node is ready when its dependencies are done, and free
+// workers take tiles of the ready nodes in the order they became ready. Nothing here allocates: the replay
+// state was sized at instantiate (graph.cpp). Everything runs under CpuCore::mu_.
+#include <algorithm>
+
+#include "runtime/cpu_device.h"
+#include "runtime/graph_capture.h"
+
+namespace moe::rt {
+
+uint64_t CpuCore::enqueue_graph(const std::shared_ptr<StreamImpl>& si, const std::shared_ptr<GraphExecImpl>& g) {
+  auto& s = static_cast<CpuStream&>(*si);
+  std::lock_guard<std::mutex> lk(mu_);
+  CpuEntry& e = push_entry(s, CpuEntry::Kind::kGraph);
+  e.graph = g;
+  if (tracing_) {
+    int64_t now = now_ns();
+    e.node_traces.resize(g->nodes.size());
+    for (size_t i = 0; i < g->nodes.size(); ++i) {
+      OpRecord& r = e.node_traces[i];
+      r.stream_id = g->nodes[i].stream_id;  // the original stream, so a replay's trace shows every stream
+      r.stream_name = g->nodes[i].stream_name;
+      r.name = g->nodes[i].op.name;
+      r.seq = e.seq;
+      r.enqueue_ns = now;
+      r.graph_node = static_cast<int>(i);
+      r.tiles.reserve(g->nodes[i].op.num_tiles);
+    }
+  }
+  uint64_t seq = e.seq;
+  after_push(s);
+  return seq;
+}
+
+// Resets the replay state and releases the roots. Returns true when the graph is already complete (no node
+// has tiles), in which case it is not running.
+bool CpuCore::start_graph(CpuEntry& e) {
+  GraphExecImpl& g = *e.graph;
+  g.running = true;
+  e.started = true;
+  std::copy(g.num_deps.begin(), g.num_deps.end(), g.pending.begin());
+  std::fill(g.next_tile.begin(), g.next_tile.end(), 0);
+  std::fill(g.tiles_done.begin(), g.tiles_done.end(), 0);
+  g.ready_head = g.ready_tail = 0;
+  g.nodes_done = 0;
+  for (int r : g.roots) {
+    if (g.nodes[r].op.num_tiles > 0) {
+      g.ready[g.ready_tail++] = r;
+    } else {
+      graph_node_done(e, r);
+    }
+  }
+  if (g.nodes_done == static_cast<int>(g.nodes.size())) {
+    g.running = false;
+    for (auto& r : e.node_traces) trace_.ops.push_back(std::move(r));
+    return true;
+  }
+  return false;
+}
+
+bool CpuCore::pick_graph(CpuStream& s, CpuEntry& e, CpuWork& work) {
+  GraphExecImpl& g = *e.graph;
+  if (g.ready_head == g.ready_tail) return false;
+  int i = g.ready[g.ready_head];
+  int t = g.next_tile[i]++;
+  if (g.next_tile[i] == g.nodes[i].op.num_tiles) ++g.ready_head;
+  if (t == 0 && !e.node_traces.empty()) e.node_traces[i].start_ns = now_ns();
+  work.stream = &s;
+  work.entry = &e;
+  work.node = i;
+  work.tile = t;
+  work.run = !s.error;
+  work.delay_us = options_.fuzz.max_delay_us > 0
+                      ? std::uniform_int_distribution<int>(0, options_.fuzz.max_delay_us)(rng_)
+                      : 0;
+  return true;
+}
+
+// Marks `node` done and releases its successors; successors without tiles complete at once, through an
+// explicit stack (reserved at instantiate) so that a long chain of empty nodes cannot overflow the call stack.
+void CpuCore::graph_node_done(CpuEntry& e, int node) {
+  GraphExecImpl& g = *e.graph;
+  const bool tracing = !e.node_traces.empty();
+  g.empty_stack.push_back(node);
+  while (!g.empty_stack.empty()) {
+    int k = g.empty_stack.back();
+    g.empty_stack.pop_back();
+    ++g.nodes_done;
+    if (tracing) {
+      int64_t now = now_ns();
+      if (g.nodes[k].op.num_tiles == 0) e.node_traces[k].start_ns = now;
+      e.node_traces[k].end_ns = now;
+    }
+    for (int j = g.succ_offsets[k]; j < g.succ_offsets[k + 1]; ++j) {
+      int n = g.succ[j];
+      if (--g.pending[n] != 0) continue;
+      if (g.nodes[n].op.num_tiles > 0) {
+        g.ready[g.ready_tail++] = n;
+      } else {
+        g.empty_stack.push_back(n);
+      }
+    }
+  }
+}
+
+void CpuCore::finish_graph_tile(const CpuWork& work, int worker, int64_t t0, int64_t t1, const std::string* error) {
+  CpuStream& s = *work.stream;
+  CpuEntry& e = *work.entry;
+  GraphExecImpl& g = *e.graph;
+  const int i = work.node;
+  if (error) {
+    fail(s, e.seq,
+         "graph node " + std::to_string(i) + " op '" + g.nodes[i].op.name + "' (captured on stream '" +
+             g.nodes[i].stream_name + "')",
+         *error);
+  }
+  if (!e.node_traces.empty() && work.run) e.node_traces[i].tiles.push_back(TileRecord{work.tile, worker, t0, t1});
+  if (++g.tiles_done[i] < g.nodes[i].op.num_tiles) return;
+  graph_node_done(e, i);
+  if (g.nodes_done < static_cast<int>(g.nodes.size())) {
+    bump();  // new ready nodes for the idle workers
+    return;
+  }
+  g.running = false;
+  for (auto& r : e.node_traces) trace_.ops.push_back(std::move(r));
+  complete_head(s);
+}
+
+}  // namespace moe::rt
