@@ -6,6 +6,7 @@
 
 #include <memory>
 
+#include "runtime/graph.h"
 #include "runtime/runtime.h"
 
 namespace moe::rt {
@@ -73,6 +74,83 @@ void BM_RecordWaitPair(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * kBatch * 2);
 }
 BENCHMARK(BM_RecordWaitPair)->Arg(1)->Arg(2)->UseRealTime();
+
+// The layer's shape in miniature: fork, kOpsPerStream empty 1-tile ops on each of main and side, join.
+constexpr int kOpsPerStream = 32;
+void fork_join_program(Stream& main, Stream& side) {
+  Event fork, join;
+  main.record(fork);
+  side.wait(fork);
+  for (int i = 0; i < kOpsPerStream; ++i) {
+    main.launch({.name = "routed", .num_tiles = 1, .tile = [](int) {}});
+    side.launch({.name = "shared", .num_tiles = 1, .tile = [](int) {}});
+  }
+  side.record(join);
+  main.wait(join);
+}
+
+// Eager: the host issues every launch/record/wait each iteration. Items are operations.
+void BM_ForkJoinEager(benchmark::State& state) {
+  auto dev = bench_device(state);
+  Stream main = dev->default_stream();
+  Stream side = dev->stream_for("11");
+  for (auto _ : state) {
+    fork_join_program(main, side);
+    main.synchronize();
+  }
+  state.SetItemsProcessed(state.iterations() * 2 * kOpsPerStream);
+}
+BENCHMARK(BM_ForkJoinEager)->Arg(1)->Arg(2)->UseRealTime();
+
+// Replay of the same program captured once: one launch per iteration. Items are nodes. range(1): 1 = stream
+// fusion (one DAG), 0 = per-stream order.
+void BM_ForkJoinReplay(benchmark::State& state) {
+  auto dev = bench_device(state);
+  Stream main = dev->default_stream();
+  Stream side = dev->stream_for("11");
+  begin_capture(main);
+  fork_join_program(main, side);
+  GraphExec exec = end_capture(main).instantiate({.stream_fusion = state.range(1) != 0});
+  for (auto _ : state) {
+    exec.launch(main);
+    main.synchronize();
+  }
+  state.SetItemsProcessed(state.iterations() * 2 * kOpsPerStream);
+}
+BENCHMARK(BM_ForkJoinReplay)->Args({1, 1})->Args({2, 1})->Args({1, 0})->Args({2, 0})->UseRealTime();
+
+// Host cost alone: what the calling thread spends issuing one iteration (eager: 64 launches + 2 record/wait
+// pairs; graph: one launch), measured with the workers idle between iterations.
+void BM_ForkJoinHostIssueEager(benchmark::State& state) {
+  auto dev = bench_device(state);
+  Stream main = dev->default_stream();
+  Stream side = dev->stream_for("11");
+  for (auto _ : state) {
+    fork_join_program(main, side);
+    state.PauseTiming();
+    main.synchronize();
+    state.ResumeTiming();
+  }
+  state.SetItemsProcessed(state.iterations() * 2 * kOpsPerStream);
+}
+BENCHMARK(BM_ForkJoinHostIssueEager)->Arg(2);
+
+void BM_ForkJoinHostIssueReplay(benchmark::State& state) {
+  auto dev = bench_device(state);
+  Stream main = dev->default_stream();
+  Stream side = dev->stream_for("11");
+  begin_capture(main);
+  fork_join_program(main, side);
+  GraphExec exec = end_capture(main).instantiate();
+  for (auto _ : state) {
+    exec.launch(main);
+    state.PauseTiming();
+    main.synchronize();
+    state.ResumeTiming();
+  }
+  state.SetItemsProcessed(state.iterations() * 2 * kOpsPerStream);
+}
+BENCHMARK(BM_ForkJoinHostIssueReplay)->Arg(2);
 
 }  // namespace
 }  // namespace moe::rt
