@@ -65,13 +65,14 @@ bool isa_supported(Isa isa) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("fma");
-    case Isa::kAvx512Bf16: return false;  // no vdpbf16ps path is compiled (see kernels/README.md)
+    case Isa::kAvx512Bf16: return isa_supported(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16");
   }
   return false;
 }
 
+// kAvx512Bf16 is never the default: it rounds x to bf16 (see linear_avx512bf16.cpp), so it is opt-in.
 Isa best_isa() {
-  for (Isa isa : {Isa::kAvx512Bf16, Isa::kAvx512, Isa::kAvx2})
+  for (Isa isa : {Isa::kAvx512, Isa::kAvx2})
     if (isa_supported(isa)) return isa;
   return Isa::kScalar;
 }
@@ -91,8 +92,8 @@ void linear_from_n0(const float* x, int64_t M, int64_t ldx, const WeightView& w,
                     int64_t ldy) {
   if (M <= 0 || n1 <= n0) return;
   switch (active_isa()) {
-    case Isa::kAvx512:
-    case Isa::kAvx512Bf16: detail::linear_avx512(x, M, ldx, w, n0, n1, y, ldy); return;
+    case Isa::kAvx512: detail::linear_avx512(x, M, ldx, w, n0, n1, y, ldy); return;
+    case Isa::kAvx512Bf16: detail::linear_avx512bf16(x, M, ldx, w, n0, n1, y, ldy); return;
     case Isa::kAvx2: detail::linear_avx2(x, M, ldx, w, n0, n1, y, ldy); return;
     case Isa::kScalar: break;
   }

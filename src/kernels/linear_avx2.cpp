@@ -23,6 +23,7 @@ struct Avx2 {
     std::memcpy(buf, p, static_cast<size_t>(n) * sizeof(float));
     return _mm256_load_ps(buf);
   }
+  static void store(float* p, Reg v) { _mm256_storeu_ps(p, v); }
   static Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
   static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
   static float hsum(Reg v) {

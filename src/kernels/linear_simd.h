@@ -66,8 +66,7 @@ struct RowCursor<V, DType::kF8E4M3> {
 
 // y[t * ldy + r] for t < T, r < R: rows n .. n+R of w against tokens x[0 .. T).
 template <class V, DType D, int R, int T>
-void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy,
-                  bool prefetch) {
+void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
   using Reg = typename V::Reg;
   constexpr int L = V::kLanes;
   constexpr int64_t kBlockColBytes = R * static_cast<int64_t>(dtype_size(D));
@@ -86,7 +85,7 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) rows[r].block(kb / kScaleBlock);
     const int64_t kend = std::min(K, kb + kScaleBlock);
-    if (prefetch) {
+    {
       // The hardware prefetchers lose the R short row streams at every row block (a bf16 row of 2048 is
       // one 4 KiB page), so stream the next row block into L2 at the rate this one is consumed.
       const char* from = next + kb * kBlockColBytes;
@@ -124,16 +123,101 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
     for (int r = 0; r < R; ++r) y[t * ldy + r] = V::hsum(acc[r][t]);
 }
 
-// One row block against tokens [0, M) in micro-blocks of up to 4 tokens.
+inline constexpr int64_t kMaxMacroTokens = 32;
+inline constexpr int64_t kPanelCols = 512;  // a multiple of kScaleBlock
+
+// Tokens x[0 .. T) against panel columns [c0, c1) of R converted rows; the accumulators live in acc_mem
+// ([T][R][kLanes]) between panels, stored and reloaded unchanged, so the per-lane sequence is the same as
+// in micro_kernel.
+template <class V, int R, int T>
+void micro_panel(const float* x, int64_t ldx, const float (*panel)[kPanelCols], int64_t c0, int64_t c1,
+                 float* acc_mem) {
+  using Reg = typename V::Reg;
+  constexpr int L = V::kLanes;
+  Reg acc[R][T];
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r][t] = V::load(acc_mem + (t * R + r) * L);
+  int64_t k = c0;
+  for (; k + L <= c1; k += L) {
+    Reg wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) wv[r] = V::load(&panel[r][k - c0]);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const Reg xv = V::load(x + t * ldx + k);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][t] = V::fma(xv, wv[r], acc[r][t]);
+    }
+  }
+  if (k < c1) {  // the panel's tail lanes are zero, like micro_kernel's tail loads
+    Reg wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) wv[r] = V::load(&panel[r][k - c0]);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const Reg xv = V::load_tail(x + t * ldx + k, static_cast<int>(c1 - k));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][t] = V::fma(xv, wv[r], acc[r][t]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) V::store(acc_mem + (t * R + r) * L, acc[r][t]);
+}
+
+// One row block against 4 < M <= kMaxMacroTokens tokens: the rows are converted to fp32 once per panel of
+// kPanelCols columns (a stack buffer) and every token micro-block reuses it, so the dtype conversion is
+// paid once per row rather than once per micro-block, and the FMAs read L1.
+template <class V, DType D, int R>
+void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y,
+                     int64_t ldy) {
+  constexpr int L = V::kLanes;
+  constexpr int64_t kColBytes = R * static_cast<int64_t>(dtype_size(D));
+  alignas(64) float panel[R][kPanelCols];
+  alignas(64) float acc_mem[kMaxMacroTokens * R * L];
+  const int64_t K = w.cols;
+  const char* next = static_cast<const char*>(w.data) + (n + R) * K * static_cast<int64_t>(dtype_size(D));
+  const char* end = static_cast<const char*>(w.data) + w.rows * K * static_cast<int64_t>(dtype_size(D));
+  RowCursor<V, D> rows[R];
+  for (int r = 0; r < R; ++r) rows[r].set(w, n + r);
+  for (int64_t i = 0; i < M * R * L; ++i) acc_mem[i] = 0.0f;
+  for (int64_t c0 = 0; c0 < K; c0 += kPanelCols) {
+    const int64_t c1 = std::min(K, c0 + kPanelCols);
+    for (const char* p = next + c0 * kColBytes; p < std::min(next + c1 * kColBytes, end); p += 64) V::prefetch(p);
+    for (int64_t kb = c0; kb < c1; kb += kScaleBlock) {
+      const int64_t kend = std::min(c1, kb + kScaleBlock);
+      for (int r = 0; r < R; ++r) {
+        rows[r].block(kb / kScaleBlock);
+        int64_t k = kb;
+        for (; k + L <= kend; k += L) V::store(&panel[r][k - c0], rows[r].load(k));
+        if (k < kend) V::store(&panel[r][k - c0], rows[r].load_tail(k, static_cast<int>(kend - k)));
+      }
+    }
+    int64_t t = 0;
+    for (; t + 4 <= M; t += 4) micro_panel<V, R, 4>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L);
+    switch (M - t) {
+      case 3: micro_panel<V, R, 3>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L); break;
+      case 2: micro_panel<V, R, 2>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L); break;
+      case 1: micro_panel<V, R, 1>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L); break;
+      default: break;
+    }
+  }
+  for (int64_t t = 0; t < M; ++t)
+    for (int r = 0; r < R; ++r) y[t * ldy + r] = V::hsum(V::load(acc_mem + (t * R + r) * L));
+}
+
+// One row block against tokens [0, M), M <= kMaxMacroTokens.
 template <class V, DType D, int R>
 void row_block(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
-  int64_t t = 0;
-  // Only the first pass over the rows comes from memory; later micro-blocks hit the cache.
-  for (; t + 4 <= M; t += 4) micro_kernel<V, D, R, 4>(x + t * ldx, ldx, w, n, y + t * ldy, ldy, t == 0);
-  switch (M - t) {
-    case 3: micro_kernel<V, D, R, 3>(x + t * ldx, ldx, w, n, y + t * ldy, ldy, t == 0); break;
-    case 2: micro_kernel<V, D, R, 2>(x + t * ldx, ldx, w, n, y + t * ldy, ldy, t == 0); break;
-    case 1: micro_kernel<V, D, R, 1>(x + t * ldx, ldx, w, n, y + t * ldy, ldy, t == 0); break;
+  if (M > 4) return row_block_panel<V, D, R>(x, M, ldx, w, n, y, ldy);
+  switch (M) {
+    case 4: micro_kernel<V, D, R, 4>(x, ldx, w, n, y, ldy); break;
+    case 3: micro_kernel<V, D, R, 3>(x, ldx, w, n, y, ldy); break;
+    case 2: micro_kernel<V, D, R, 2>(x, ldx, w, n, y, ldy); break;
+    case 1: micro_kernel<V, D, R, 1>(x, ldx, w, n, y, ldy); break;
     default: break;
   }
 }
@@ -143,14 +227,14 @@ template <class V, DType D>
 void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
                  int64_t ldy) {
   // Keep a macro-block of x within about half of a 1 MiB L2.
-  const int64_t macro = std::clamp<int64_t>((512 << 10) / (std::max<int64_t>(w.cols, 1) * 4), 4, 32) & ~3;
+  const int64_t macro = std::clamp<int64_t>((512 << 10) / (std::max<int64_t>(w.cols, 1) * 4), 4, kMaxMacroTokens) & ~3;
   for (int64_t m0 = 0; m0 < M; m0 += macro) {
     const int64_t mc = std::min(macro, M - m0);
     const float* xm = x + m0 * ldx;
     float* ym = y + m0 * ldy;
     int64_t n = n0;
     if (mc == 1)  // one token: more rows in flight to cover the FMA latency
-      for (; n + 8 <= n1; n += 8) micro_kernel<V, D, 8, 1>(xm, ldx, w, n, ym + (n - n0), ldy, true);
+      for (; n + 8 <= n1; n += 8) micro_kernel<V, D, 8, 1>(xm, ldx, w, n, ym + (n - n0), ldy);
     for (; n + 4 <= n1; n += 4) row_block<V, D, 4>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     for (; n < n1; ++n) row_block<V, D, 1>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
   }
