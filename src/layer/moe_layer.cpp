@@ -1,5 +1,6 @@
 #include "layer/moe_layer.h"
 
+#include <cstdint>
 #include <stdexcept>
 
 #include "layer/dispatch.h"
@@ -91,8 +92,8 @@ void MoeLayer::allocate_workspaces() {
 
 MoeLayer::~MoeLayer() {
   // Wait for the last call's work without rethrowing its errors (they belong to whoever synchronizes the
-  // stream): the side stream's last work precedes join_, and done_ is recorded at the end of every call.
-  join_.synchronize();
+  // stream): eager side work precedes events_.join, and done_ is recorded after every call and replay.
+  events_.join.synchronize();
   done_.synchronize();
   if (routed_ws_.data() != nullptr) device_.notify_free(routed_ws_.data(), routed_ws_.size());
   if (shared_ws_.data() != nullptr) device_.notify_free(shared_ws_.data(), shared_ws_.size());
@@ -117,7 +118,7 @@ ops::Context MoeLayer::context(const float* x, int64_t tokens, float* y) const {
   return c;
 }
 
-void MoeLayer::forward(const float* x, int64_t tokens, float* y, const ForwardOptions& options) {
+void MoeLayer::check_args(const float* x, int64_t tokens, const float* y) const {
   if (tokens < 0 || tokens > options_.max_tokens)
     throw std::invalid_argument("MoeLayer::forward: tokens=" + std::to_string(tokens) + " outside [0, max_tokens=" +
                                 std::to_string(options_.max_tokens) + "] (raise LayerOptions.max_tokens)");
@@ -126,14 +127,63 @@ void MoeLayer::forward(const float* x, int64_t tokens, float* y, const ForwardOp
   const size_t n = static_cast<size_t>(tokens * config_.hidden);
   if (x < y + n && y < x + n)
     throw std::invalid_argument("MoeLayer::forward: y overlaps x (the layer never writes its input)");
+}
+
+void MoeLayer::forward(const float* x, int64_t tokens, float* y, const ForwardOptions& options) {
+  check_args(x, tokens, y);
+  if (tokens == 0) return;
   rt::Stream main = rt::current_stream(device_);
-  const ops::Context c = context(x, tokens, y);
-  switch (effective_schedule(options, tokens).schedule) {
-    case Schedule::kSerial: enqueue_serial(c, main, options.check_input); break;
-    case Schedule::kDual: enqueue_dual(c, main, options.check_input); break;
-    case Schedule::kPhased: enqueue_phased(c, main, options.check_input); break;
-  }
+  enqueue(effective_schedule(options, tokens).schedule, context(x, tokens, y), main, options.check_input, events_);
   main.record(done_);
+}
+
+LayerGraph MoeLayer::capture(const float* x, int64_t tokens, float* y, const ForwardOptions& options) {
+  check_args(x, tokens, y);
+  LayerGraph g;
+  g.layer_ = this;
+  g.x_ = x;
+  g.y_ = y;
+  g.tokens_ = tokens;
+  g.decision_ = effective_schedule(options, tokens);
+  if (tokens == 0) return g;
+  rt::Stream main = rt::current_stream(device_);
+  Events ev;
+  rt::begin_capture(main);
+  try {
+    enqueue(g.decision_.schedule, context(x, tokens, y), main, options.check_input, ev);
+  } catch (...) {
+    try {
+      rt::end_capture(main);
+    } catch (...) {  // the first error is the one to report
+    }
+    throw;
+  }
+  g.exec_ = rt::end_capture(main).instantiate();
+  return g;
+}
+
+void MoeLayer::replay(const LayerGraph& g, const float* x, int64_t tokens, float* y) {
+  auto differs = [&](const std::string& what, const std::string& captured, const std::string& got) {
+    throw std::invalid_argument("MoeLayer::replay: " + what + " differs from the capture (captured " + captured +
+                                ", got " + got + "); capture a graph for it instead");
+  };
+  auto ptr = [](const void* p) { return std::to_string(reinterpret_cast<uintptr_t>(p)); };
+  if (g.layer_ != this) throw std::invalid_argument("MoeLayer::replay: the graph was captured by another layer");
+  if (tokens != g.tokens_) differs("token count", std::to_string(g.tokens_), std::to_string(tokens));
+  if (x != g.x_) differs("input pointer x", ptr(g.x_), ptr(x));
+  if (y != g.y_) differs("output pointer y", ptr(g.y_), ptr(y));
+  if (!g.exec_) return;
+  rt::Stream main = rt::current_stream(device_);
+  g.exec_.launch(main);
+  main.record(done_);
+}
+
+void MoeLayer::enqueue(Schedule s, const ops::Context& c, rt::Stream& main, bool check, Events& ev) {
+  switch (s) {
+    case Schedule::kSerial: enqueue_serial(c, main, check); break;
+    case Schedule::kDual: enqueue_dual(c, main, check, ev); break;
+    case Schedule::kPhased: enqueue_phased(c, main, check, ev); break;
+  }
 }
 
 // Shared-expert ops are always enqueued before the routed ops they are meant to overlap with: a side stream
@@ -155,48 +205,48 @@ void MoeLayer::enqueue_serial(const ops::Context& c, rt::Stream& main, bool chec
   main.launch(ops::make_sum_op(c));
 }
 
-void MoeLayer::enqueue_dual(const ops::Context& c, rt::Stream& main, bool check) {
+void MoeLayer::enqueue_dual(const ops::Context& c, rt::Stream& main, bool check, Events& ev) {
   if (check) main.launch(ops::make_check_input_op(c));
-  main.record(fork_);  // x is ready once main gets here
-  side_.wait(fork_);
+  main.record(ev.fork);  // x is ready once main gets here
+  side_.wait(ev.fork);
   if (config_.shared_expert_gate) side_.launch(ops::make_shared_gate_op(c));
   side_.launch(ops::make_shared_gate_up_op(c));
   side_.launch(ops::make_shared_act_op(c));
   side_.launch(ops::make_shared_down_op(c));
-  side_.record(join_);
+  side_.record(ev.join);
   main.launch(ops::make_router_op(c));
   main.launch(ops::make_topk_op(c));
   main.launch(ops::make_dispatch_op(c));
   main.launch(ops::make_experts_gate_up_op(c));
   main.launch(ops::make_experts_down_op(c));
   main.launch(ops::make_combine_op(c));
-  main.wait(join_);
+  main.wait(ev.join);
   main.launch(ops::make_sum_op(c));
 }
 
-void MoeLayer::enqueue_phased(const ops::Context& c, rt::Stream& main, bool check) {
+void MoeLayer::enqueue_phased(const ops::Context& c, rt::Stream& main, bool check, Events& ev) {
   if (check) main.launch(ops::make_check_input_op(c));
   main.launch(ops::make_router_op(c));
   // Segment 1 (gate linear + gate_up) during top-k and dispatch.
-  main.record(phase_[0]);
-  side_.wait(phase_[0]);
+  main.record(ev.phase[0]);
+  side_.wait(ev.phase[0]);
   if (config_.shared_expert_gate) side_.launch(ops::make_shared_gate_op(c));
   side_.launch(ops::make_shared_gate_up_op(c));
   main.launch(ops::make_topk_op(c));
   main.launch(ops::make_dispatch_op(c));
   // Segment 2 (SiLU-and-multiply) during the expert compute.
-  main.record(phase_[1]);
-  side_.wait(phase_[1]);
+  main.record(ev.phase[1]);
+  side_.wait(ev.phase[1]);
   side_.launch(ops::make_shared_act_op(c));
   main.launch(ops::make_experts_gate_up_op(c));
   main.launch(ops::make_experts_down_op(c));
   // Segment 3 (down projection) during the combine.
-  main.record(phase_[2]);
-  side_.wait(phase_[2]);
+  main.record(ev.phase[2]);
+  side_.wait(ev.phase[2]);
   side_.launch(ops::make_shared_down_op(c));
-  side_.record(join_);
+  side_.record(ev.join);
   main.launch(ops::make_combine_op(c));
-  main.wait(join_);
+  main.wait(ev.join);
   main.launch(ops::make_sum_op(c));
 }
 

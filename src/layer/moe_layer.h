@@ -34,6 +34,7 @@
 #include "model/config.h"
 #include "model/host_buffer.h"
 #include "model/weights.h"
+#include "runtime/graph.h"
 #include "runtime/runtime.h"
 
 namespace moe {
@@ -53,6 +54,32 @@ struct ForwardOptions {
   bool check_input = false;
 };
 
+class MoeLayer;
+
+// One captured forward (graph mode) for one token-count bucket: the schedule and policies were decided at
+// capture, and the replay reads x and writes y at the captured addresses. Replays go through
+// MoeLayer::replay(), which refuses anything that differs from the capture (no silent re-capture).
+class LayerGraph {
+ public:
+  LayerGraph() = default;
+  int64_t tokens() const { return tokens_; }
+  const float* input() const { return x_; }
+  float* output() const { return y_; }
+  const ScheduleDecision& decision() const { return decision_; }
+  const rt::GraphExec& exec() const { return exec_; }
+  size_t num_nodes() const { return exec_ ? exec_.num_nodes() : 0; }
+  explicit operator bool() const { return layer_ != nullptr; }
+
+ private:
+  friend class MoeLayer;
+  const MoeLayer* layer_ = nullptr;
+  const float* x_ = nullptr;
+  float* y_ = nullptr;
+  int64_t tokens_ = 0;
+  ScheduleDecision decision_;
+  rt::GraphExec exec_;
+};
+
 class MoeLayer {
  public:
   // Validates the config and the weights against it (ConfigError naming the field or tensor), gets the side
@@ -66,6 +93,14 @@ class MoeLayer {
   // or overlapping x/y. tokens == 0 enqueues nothing.
   void forward(const float* x, int64_t tokens, float* y, const ForwardOptions& options = {});
 
+  // Graph mode. capture() records the forward of exactly `tokens` tokens from x into y (nothing executes) on
+  // the current stream, with the fork/join of the schedule inside the capture, and returns the graph of that
+  // bucket. replay() enqueues it on the current stream after the caller has written the new input into x:
+  // x, tokens and y must be those of the capture, else std::invalid_argument naming what differs. Replays and
+  // eager calls share the layer's workspaces: issue them on the same stream (or order them with events).
+  LayerGraph capture(const float* x, int64_t tokens, float* y, const ForwardOptions& options = {});
+  void replay(const LayerGraph& graph, const float* x, int64_t tokens, float* y);
+
   // The schedule forward() runs for these options and token count, and why it differs from the request.
   ScheduleDecision effective_schedule(const ForwardOptions& options, int64_t tokens) const;
 
@@ -77,10 +112,18 @@ class MoeLayer {
   size_t workspace_bytes() const { return routed_ws_.size() + shared_ws_.size(); }
 
  private:
+  // The events of one call's fork/join. Eager calls use the members; a capture uses its own, so that the
+  // destructor never synchronizes an event recorded inside a capture.
+  struct Events {
+    rt::Event fork, join;
+    std::array<rt::Event, 3> phase;
+  };
+  void check_args(const float* x, int64_t tokens, const float* y) const;
   ops::Context context(const float* x, int64_t tokens, float* y) const;
+  void enqueue(Schedule s, const ops::Context& c, rt::Stream& main, bool check, Events& ev);
   void enqueue_serial(const ops::Context& c, rt::Stream& main, bool check);
-  void enqueue_dual(const ops::Context& c, rt::Stream& main, bool check);
-  void enqueue_phased(const ops::Context& c, rt::Stream& main, bool check);
+  void enqueue_dual(const ops::Context& c, rt::Stream& main, bool check, Events& ev);
+  void enqueue_phased(const ops::Context& c, rt::Stream& main, bool check, Events& ev);
   void allocate_workspaces();
 
   MoeConfig config_;
@@ -94,8 +137,8 @@ class MoeLayer {
   ops::SharedBuffers shared_;
   std::vector<rt::Access> expert_up_weights_;
   std::vector<rt::Access> expert_down_weights_;
-  rt::Event fork_, join_, done_;
-  std::array<rt::Event, 3> phase_;
+  Events events_;
+  rt::Event done_;  // recorded at the end of every eager call and replay
 };
 
 }  // namespace moe
