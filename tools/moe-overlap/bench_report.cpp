@@ -1,0 +1,125 @@
+#include "bench_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "output_file.h"
+
+namespace moe::tools {
+
+std::string bench_table(const BenchReport& r) {
+  std::ostringstream s;
+  char line[320];
+  s << r.model << "\n" << r.method << "\n";
+  std::snprintf(line, sizeof line,
+                "machine: %s, %d threads: read %.1f GB/s, fp32 FMA %.0f GFLOP/s, bf16 dot %.0f GFLOP/s, kernels %s\n",
+                r.machine.cpu.c_str(), r.machine.threads, r.machine.read_gbps, r.machine.fp32_gflops,
+                r.machine.bf16_gflops, r.machine.isa.c_str());
+  s << line;
+  std::snprintf(line, sizeof line, "%7s %-8s %10s %10s %10s %8s %9s %7s %8s %7s %8s %7s %6s\n", "tokens", "schedule",
+                "median_us", "p10_us", "p90_us", "MB_read", "GB/s", "of_bw", "GFLOP/s", "of_pk", "vs_serial",
+                "hidden", "exprt");
+  s << line;
+  for (const BenchResult& b : r.results) {
+    std::string sched = b.schedule == b.effective ? b.schedule : b.schedule + "*";
+    std::snprintf(line, sizeof line, "%7lld %-8s %10.1f %10.1f %10.1f %8.1f %9.1f %6.0f%% %8.1f %6.1f%% %8.3fx %6.0f%% %6lld\n",
+                  static_cast<long long>(b.tokens), sched.c_str(), b.median_us, b.p10_us, b.p90_us,
+                  static_cast<double>(b.bytes) / 1e6, b.gbps, 100 * b.bandwidth_fraction, b.gflops,
+                  100 * b.peak_fraction, b.speedup_vs_serial, 100 * b.hidden_fraction,
+                  static_cast<long long>(b.active_experts));
+    s << line;
+  }
+  bool fell_back = false;
+  for (const BenchResult& b : r.results) fell_back |= b.schedule != b.effective;
+  if (fell_back) s << "* a policy ran this call serial (see --policy flags)\n";
+  std::snprintf(line, sizeof line, "peak RSS %.1f MiB (layer weights %.1f MiB)\n",
+                static_cast<double>(r.peak_rss_bytes) / 1048576.0, static_cast<double>(r.layer_bytes) / 1048576.0);
+  s << line;
+  return s.str();
+}
+
+nlohmann::json bench_json(const BenchReport& r) {
+  nlohmann::json results = nlohmann::json::array();
+  for (const BenchResult& b : r.results)
+    results.push_back({{"schedule", b.schedule},
+                       {"effective_schedule", b.effective},
+                       {"tokens", b.tokens},
+                       {"median_us", b.median_us},
+                       {"p10_us", b.p10_us},
+                       {"p90_us", b.p90_us},
+                       {"bytes", b.bytes},
+                       {"active_experts", b.active_experts},
+                       {"gbps", b.gbps},
+                       {"bandwidth_fraction", b.bandwidth_fraction},
+                       {"gflops", b.gflops},
+                       {"peak_fraction", b.peak_fraction},
+                       {"speedup_vs_serial", b.speedup_vs_serial},
+                       {"shared_alone_us", b.shared_alone_us},
+                       {"hidden_fraction", b.hidden_fraction},
+                       {"host_enqueue_us", b.host_us}});
+  nlohmann::json machine = r.machine.to_json();
+  machine["peak_rss_bytes"] = r.peak_rss_bytes;
+  return {{"model", r.model}, {"method", r.method}, {"layer_bytes", r.layer_bytes}, {"machine", machine},
+          {"results", results}};
+}
+
+void write_bench_svg(const BenchReport& r, const std::string& path) {
+  std::map<std::string, std::vector<const BenchResult*>> series;
+  double tmin = 1e300, tmax = 0, ymin = 1e300, ymax = 0;
+  for (const BenchResult& b : r.results) {
+    series[b.schedule].push_back(&b);
+    const double t = std::max<double>(1, static_cast<double>(b.tokens));
+    tmin = std::min(tmin, t);
+    tmax = std::max(tmax, t);
+    ymin = std::min({ymin, b.median_us, static_cast<double>(b.bytes) / (r.machine.read_gbps * 1e3)});
+    ymax = std::max(ymax, b.median_us);
+  }
+  if (series.empty()) throw std::runtime_error("no results to plot");
+  if (tmax <= tmin) tmax = tmin * 2;
+  ymin = std::max(ymin * 0.8, 1e-3);
+  ymax *= 1.25;
+  const double left = 70, top = 40, w = 640, h = 380;
+  auto px = [&](double t) { return left + w * std::log(std::max(1.0, t) / tmin) / std::log(tmax / tmin); };
+  auto py = [&](double y) { return top + h - h * std::log(y / ymin) / std::log(ymax / ymin); };
+  std::ostringstream s;
+  s.setf(std::ios::fixed);
+  s.precision(1);
+  s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << left + w + 190 << "' height='" << top + h + 60
+    << "' font-family='sans-serif' font-size='11'>\n<rect width='100%' height='100%' fill='white'/>\n"
+    << "<text x='10' y='20' font-size='13'>latency per layer call vs tokens (" << r.machine.threads
+    << " threads)</text>\n<rect x='" << left << "' y='" << top << "' width='" << w << "' height='" << h
+    << "' fill='none' stroke='#888'/>\n";
+  for (double t = tmin; t <= tmax * 1.001; t *= 2)
+    s << "<text x='" << px(t) - 8 << "' y='" << top + h + 15 << "'>" << static_cast<long long>(t) << "</text>\n";
+  for (double y = std::pow(10, std::floor(std::log10(ymin))); y <= ymax; y *= 10)
+    if (y >= ymin)
+      s << "<line x1='" << left << "' x2='" << left + w << "' y1='" << py(y) << "' y2='" << py(y)
+        << "' stroke='#eee'/><text x='5' y='" << py(y) + 4 << "'>" << y << " us</text>\n";
+  s << "<text x='" << left + w / 2 - 20 << "' y='" << top + h + 35 << "'>tokens</text>\n";
+  const char* colours[] = {"#4e79a7", "#f28e2b", "#e15759", "#59a14f", "#b07aa1"};
+  int i = 0;
+  auto polyline = [&](const std::vector<std::pair<double, double>>& pts, const char* colour, const char* dash,
+                      const std::string& label) {
+    s << "<polyline fill='none' stroke='" << colour << "' stroke-width='2' stroke-dasharray='" << dash << "' points='";
+    for (const auto& [t, y] : pts) s << px(t) << "," << py(y) << " ";
+    s << "'/>\n<text x='" << left + w + 10 << "' y='" << top + 15 + 16 * i << "' fill='" << colour << "'>" << label
+      << "</text>\n";
+    ++i;
+  };
+  for (const auto& [name, pts] : series) {
+    std::vector<std::pair<double, double>> p;
+    for (const BenchResult* b : pts) p.emplace_back(static_cast<double>(b->tokens), b->median_us);
+    polyline(p, colours[i % 5], "", name);
+  }
+  std::vector<std::pair<double, double>> roof;
+  for (const BenchResult* b : series.begin()->second)
+    roof.emplace_back(static_cast<double>(b->tokens), static_cast<double>(b->bytes) / (r.machine.read_gbps * 1e3));
+  polyline(roof, "#999", "5,4", "bandwidth bound");
+  s << "</svg>\n";
+  write_file_atomically(path, s.str());
+}
+
+}  // namespace moe::tools

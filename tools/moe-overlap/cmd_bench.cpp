@@ -1,0 +1,195 @@
+// `moe-overlap bench`: latency of each schedule over token counts, next to this machine's measured bandwidth
+// and arithmetic peak, with the speed-up over serial and the fraction of the shared expert's time hidden.
+//
+// Honest measurement: every repetition uses a new input (so routing, and the experts read, change), the
+// caches are evicted before every timed call (a 256 MiB sweep; this machine keeps 64 MiB working sets in
+// cache), schedules are interleaved within a repetition so that each sees the same inputs and conditions, and
+// the bandwidth and peak are measured in the same process run.
+#include <algorithm>
+#include <chrono>
+#include <unistd.h>
+#include <cstdio>
+
+#include "bench_report.h"
+#include "commands.h"
+#include "io/rss.h"
+#include "layer/moe_layer.h"
+#include "layer_cost.h"
+#include "model/host_buffer.h"
+#include "model_source.h"
+#include "output_file.h"
+#include "overlap_stats.h"
+
+namespace moe::tools {
+
+namespace {
+
+struct BenchOptions {
+  ModelOptions model;
+  std::string tokens = "1,2,4,8,16,32,64,128,256,512";
+  std::string schedules = "serial,dual,phased";
+  int threads = 0, repeats = 10, warmup = 2;
+  int64_t evict_mib = 256;
+  bool no_policy = false;
+  std::string json, svg;
+};
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const size_t i = static_cast<size_t>(pos);
+  const double f = pos - static_cast<double>(i);
+  return i + 1 < v.size() ? v[i] * (1 - f) + v[i + 1] * f : v[i];
+}
+
+// Reads every cache line of a buffer larger than the last-level cache, so the next call finds no weights there.
+class CacheEvictor {
+ public:
+  explicit CacheEvictor(int64_t mib) : buf_(static_cast<size_t>(mib) << 20) {}
+  void evict() {
+    const auto* p = buf_.as<const volatile uint64_t>();
+    uint64_t acc = 0;
+    for (size_t i = 0; i < buf_.size() / 8; i += 8) acc += p[i];
+    sink_ = acc;
+  }
+
+ private:
+  HostBuffer buf_;
+  volatile uint64_t sink_ = 0;
+};
+
+std::vector<Schedule> parse_schedules(const std::string& text) {
+  std::vector<Schedule> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = text.find(',', pos);
+    out.push_back(parse_schedule(text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos)));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+struct Samples {
+  std::vector<double> us, host_us;
+};
+
+// The shared branch's own time: the union of its operations in traced serial forwards, median.
+double shared_alone_us(MoeLayer& layer, rt::Device& dev, const std::vector<float>& x, int64_t tokens, float* y,
+                       CacheEvictor* ev) {
+  if (!layer.config().has_shared_expert() || tokens == 0) return 0;
+  std::vector<double> v;
+  for (int r = 0; r < 3; ++r) {
+    if (ev) ev->evict();
+    dev.set_tracing(true);
+    layer.forward(x.data(), tokens, y, {.schedule = Schedule::kSerial});
+    rt::current_stream(dev).synchronize();
+    dev.set_tracing(false);
+    v.push_back(overlap_stats(dev.take_trace()).shared_us);
+  }
+  return quantile(v, 0.5);
+}
+
+void run_bench(const BenchOptions& o) {
+  const std::vector<Schedule> schedules = parse_schedules(o.schedules);
+  const std::vector<int64_t> token_counts = parse_token_list(o.tokens, "--tokens", 1 << 16);
+  if (o.repeats < 1) throw std::invalid_argument("--repeats: expected >= 1");
+  LoadedModel m = load_model(o.model);
+  auto dev = rt::make_cpu_device({.num_workers = o.threads});
+  BenchReport report;
+  report.machine = measure_machine(dev->num_workers());
+  report.model = m.label + ", layer " + std::to_string(m.layer) + ", " + std::string(dtype_name(m.dtype)) + " weights";
+  for (const std::string& n : m.notes) report.model += "\nnote: " + n;
+  report.layer_bytes = m.config.layer_weight_bytes(m.weights.num_local_experts(),
+                                                   static_cast<int64_t>(dtype_size(m.dtype)));
+  report.method = "median of " + std::to_string(o.repeats) + " repetitions after " + std::to_string(o.warmup) +
+                  " warm-up, a new input each repetition, schedules interleaved, " +
+                  (o.evict_mib > 0 ? "caches evicted before every call (" + std::to_string(o.evict_mib) + " MiB sweep)"
+                                   : "caches NOT evicted (--evict-mib 0): weights may be read from cache");
+  const int64_t max_tokens = std::max<int64_t>(1, *std::max_element(token_counts.begin(), token_counts.end()));
+  LayerOptions lo{.max_tokens = max_tokens};
+  if (o.no_policy) lo.policy = OverlapPolicy::always();
+  MoeLayer layer(m.config, m.weights, *dev, lo);
+  std::unique_ptr<CacheEvictor> ev = o.evict_mib > 0 ? std::make_unique<CacheEvictor>(o.evict_mib) : nullptr;
+  rt::Stream main = rt::current_stream(*dev);
+  std::vector<float> y(static_cast<size_t>(max_tokens * m.config.hidden));
+  for (int64_t t : token_counts) {
+    std::vector<Samples> samples(schedules.size());
+    std::vector<double> bytes, flops, experts;
+    for (int r = 0; r < o.warmup + o.repeats; ++r) {
+      const std::vector<float> x = random_activations(t, m.config.hidden, o.model.seed * 7919 + 1000 * r + t);
+      if (r >= o.warmup) {
+        const ForwardCost c = forward_cost(m.config, m.weights, x.data(), t);
+        bytes.push_back(static_cast<double>(c.weight_bytes));
+        flops.push_back(c.flops);
+        experts.push_back(static_cast<double>(c.active_experts));
+      }
+      for (size_t k = 0; k < schedules.size(); ++k) {
+        const size_t si = (k + static_cast<size_t>(r)) % schedules.size();  // rotate the order per repetition
+        if (ev) ev->evict();
+        const auto t0 = std::chrono::steady_clock::now();
+        layer.forward(x.data(), t, y.data(), {.schedule = schedules[si]});
+        const auto t1 = std::chrono::steady_clock::now();
+        main.synchronize();
+        const auto t2 = std::chrono::steady_clock::now();
+        if (r >= o.warmup) {
+          samples[si].us.push_back(std::chrono::duration<double, std::micro>(t2 - t0).count());
+          samples[si].host_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+        }
+      }
+    }
+    const std::vector<float> x = random_activations(t, m.config.hidden, o.model.seed + 99);
+    const double shared_us = shared_alone_us(layer, *dev, x, t, y.data(), ev.get());
+    const double med_bytes = quantile(bytes, 0.5), med_flops = quantile(flops, 0.5);
+    double serial_us = 0;
+    for (size_t si = 0; si < schedules.size(); ++si)
+      if (schedules[si] == Schedule::kSerial) serial_us = quantile(samples[si].us, 0.5);
+    for (size_t si = 0; si < schedules.size(); ++si) {
+      BenchResult b;
+      b.schedule = std::string(schedule_name(schedules[si]));
+      b.effective = std::string(schedule_name(layer.effective_schedule({.schedule = schedules[si]}, t).schedule));
+      b.tokens = t;
+      b.median_us = quantile(samples[si].us, 0.5);
+      b.p10_us = quantile(samples[si].us, 0.1);
+      b.p90_us = quantile(samples[si].us, 0.9);
+      b.host_us = quantile(samples[si].host_us, 0.5);
+      b.bytes = static_cast<int64_t>(med_bytes);
+      b.active_experts = static_cast<int64_t>(quantile(experts, 0.5));
+      b.gbps = b.median_us > 0 ? med_bytes / (b.median_us * 1e3) : 0;
+      b.bandwidth_fraction = report.machine.read_gbps > 0 ? b.gbps / report.machine.read_gbps : 0;
+      b.gflops = b.median_us > 0 ? med_flops / (b.median_us * 1e3) : 0;
+      b.peak_fraction = report.machine.kernel_peak_gflops() > 0 ? b.gflops / report.machine.kernel_peak_gflops() : 0;
+      b.speedup_vs_serial = serial_us > 0 && b.median_us > 0 ? serial_us / b.median_us : 0;
+      b.shared_alone_us = shared_us;
+      b.hidden_fraction = shared_us > 0 && serial_us > 0 ? (serial_us - b.median_us) / shared_us : 0;
+      report.results.push_back(b);
+    }
+    if (isatty(STDERR_FILENO)) std::fprintf(stderr, "  %lld tokens done\n", static_cast<long long>(t));
+  }
+  report.peak_rss_bytes = peak_rss_bytes();
+  std::fputs(bench_table(report).c_str(), stdout);
+  if (!o.json.empty()) write_file_atomically(o.json, bench_json(report).dump(1));
+  if (!o.svg.empty()) write_bench_svg(report, o.svg);
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* cmd = app.add_subcommand("bench", "latency of each schedule over token counts, against the roofline");
+  add_model_options(cmd, o->model);
+  cmd->add_option("--tokens", o->tokens, "token counts")->capture_default_str();
+  cmd->add_option("--schedules", o->schedules, "schedules to compare (serial first is clearest)")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "worker threads (default: one per core)");
+  cmd->add_option("--repeats", o->repeats, "timed repetitions per token count")->capture_default_str();
+  cmd->add_option("--warmup", o->warmup, "untimed repetitions first")->capture_default_str();
+  cmd->add_option("--evict-mib", o->evict_mib, "cache-evicting sweep before every call, MiB (0: off)")
+      ->capture_default_str();
+  cmd->add_flag("--no-policy", o->no_policy, "run exactly the requested schedules (ignore the token threshold etc.)");
+  cmd->add_option("--json", o->json, "write the results as JSON");
+  cmd->add_option("--svg", o->svg, "write a plot of latency vs tokens");
+  cmd->callback([o] { run_bench(*o); });
+}
+
+}  // namespace moe::tools

@@ -1,0 +1,162 @@
+// `moe-overlap check`: every schedule against serial (bitwise) and serial against the fp64 reference, for a
+// model, a preset, or every family at small sizes (--tiny); optionally under the stream sanitizer and the
+// schedule fuzzer. Exits non-zero when anything differs.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "commands.h"
+#include "layer/moe_layer.h"
+#include "layer/reference.h"
+#include "layer/tiny_configs.h"
+#include "model_source.h"
+#include "runtime/sanitizer.h"
+#include "runtime/schedule_fuzz.h"
+
+namespace moe::tools {
+
+namespace {
+
+struct CheckOptions {
+  ModelOptions model;
+  std::string tokens = "1,3,16,64";
+  int threads = 0;
+  bool tiny = false, sanitize = false, fuzz = false;
+};
+
+// fp32 arithmetic against fp64 on the same weight values: the error grows with the reduction length.
+double tolerance(const MoeConfig& c) { return 1e-5 * std::max(1.0, std::sqrt(static_cast<double>(c.hidden) / 256.0)); }
+
+std::vector<float> forward(rt::Device& dev, const MoeConfig& c, const LayerWeights& w, const std::vector<float>& x,
+                           int64_t tokens, Schedule s) {
+  MoeLayer layer(c, w, dev, {.max_tokens = std::max<int64_t>(tokens, 1), .policy = OverlapPolicy::always()});
+  std::vector<float> y(static_cast<size_t>(tokens * c.hidden));
+  layer.forward(x.data(), tokens, y.data(), {.schedule = s, .check_input = true});
+  rt::current_stream(dev).synchronize();
+  return y;
+}
+
+class Checker {
+ public:
+  explicit Checker(const CheckOptions& o) : o_(o) {}
+
+  void check_model(const std::string& name, const MoeConfig& c, const LayerWeights& w) {
+    for (int64_t t : parse_token_list(o_.tokens, "--tokens", 1 << 16)) check_tokens(name, c, w, t);
+  }
+  int failures() const { return failures_; }
+  int checks() const { return checks_; }
+
+ private:
+  void report(bool ok, const std::string& what) {
+    ++checks_;
+    failures_ += ok ? 0 : 1;
+    std::printf("%s  %s\n", ok ? "PASS" : "FAIL", what.c_str());
+    std::fflush(stdout);
+  }
+
+  void check_tokens(const std::string& name, const MoeConfig& c, const LayerWeights& w, int64_t t) {
+    const std::string at = name + " tokens=" + std::to_string(t);
+    const std::vector<float> x = random_activations(t, c.hidden, o_.model.seed + static_cast<uint64_t>(t));
+    auto dev = rt::make_cpu_device({.num_workers = o_.threads});
+    const std::vector<float> serial = forward(*dev, c, w, x, t, Schedule::kSerial);
+    check_reference(at, c, w, x, t, serial);
+    const Schedule overlapped[] = {Schedule::kDual, Schedule::kPhased};
+    for (Schedule s : overlapped) {
+      const std::vector<float> y = forward(*dev, c, w, x, t, s);
+      report(std::memcmp(y.data(), serial.data(), y.size() * 4) == 0,
+             at + " " + std::string(schedule_name(s)) + " bitwise == serial");
+    }
+    if (o_.sanitize) {
+      auto sdev = rt::make_cpu_device({.num_workers = o_.threads});
+      auto san = rt::enable_sanitizer(*sdev, {.throw_on_first = false});
+      for (Schedule s : {Schedule::kSerial, Schedule::kDual, Schedule::kPhased}) {
+        forward(*sdev, c, w, x, t, s);
+        const auto reports = san->take_reports();
+        report(reports.empty(), at + " " + std::string(schedule_name(s)) + " sanitizer: " +
+                                    (reports.empty() ? "no hazard" : reports.front().message));
+      }
+    }
+    if (o_.fuzz) {
+      for (Schedule s : {Schedule::kSerial, Schedule::kDual, Schedule::kPhased}) {
+        rt::FuzzConfig fc;
+        fc.num_workers = o_.threads > 0 ? o_.threads : 2;
+        fc.seed = o_.model.seed + 1;
+        const rt::FuzzOutcome out = rt::run_fuzzed(
+            [&](rt::Device& d) {
+              const std::vector<float> y = forward(d, c, w, x, t, s);
+              if (std::memcmp(y.data(), serial.data(), y.size() * 4) != 0)
+                throw std::runtime_error("output differs from the unfuzzed serial run");
+              return rt::bytes_of(y);
+            },
+            fc);
+        report(out.ok(), at + " " + std::string(schedule_name(s)) + " fuzzed (" + std::to_string(out.num_runs) +
+                             " runs)" + (out.ok() ? "" : ": " + out.summary()));
+      }
+    }
+  }
+
+  void check_reference(const std::string& at, const MoeConfig& c, const LayerWeights& w, const std::vector<float>& x,
+                       int64_t t, const std::vector<float>& y) {
+    std::vector<ReferenceRoute> routes;
+    const std::vector<double> ref = reference_forward(c, w, x.data(), t, &routes);
+    double worst = 0;
+    int64_t skipped = 0;
+    for (int64_t i = 0; i < t; ++i) {
+      const ReferenceRoute& r = routes[static_cast<size_t>(i)];
+      if (r.margin > 0 && r.margin < 1e-5) {  // a near-tie may route differently in fp32: not a bug
+        ++skipped;
+        continue;
+      }
+      double scale = 1e-30, err = 0;
+      for (int64_t j = 0; j < c.hidden; ++j) {
+        const size_t k = static_cast<size_t>(i * c.hidden + j);
+        scale = std::max(scale, std::fabs(ref[k]));
+        err = std::max(err, std::fabs(static_cast<double>(y[k]) - ref[k]));
+      }
+      worst = std::max(worst, err / scale);
+    }
+    char buf[160];
+    std::snprintf(buf, sizeof buf, " serial vs fp64 reference: max error %.2e of max |y| (tolerance %.1e)%s", worst,
+                  tolerance(c), skipped ? (", " + std::to_string(skipped) + " near-tie tokens skipped").c_str() : "");
+    report(worst <= tolerance(c), at + buf);
+  }
+
+  const CheckOptions& o_;
+  int failures_ = 0, checks_ = 0;
+};
+
+void run_check(const CheckOptions& o) {
+  Checker checker(o);
+  if (o.tiny) {
+    for (const TinyConfig& tc : tiny_configs())
+      for (DType d : {DType::kF32, DType::kBF16, DType::kF8E4M3}) {
+        MoeConfig c = tc.config;
+        c.fp8 = d == DType::kF8E4M3;
+        const LayerWeights w = make_random_weights(c, {.dtype = d, .seed = o.model.seed});
+        checker.check_model(tc.name + " " + std::string(dtype_name(d)), c, w);
+      }
+  } else {
+    const LoadedModel m = load_model(o.model);
+    for (const std::string& n : m.notes) std::printf("note: %s\n", n.c_str());
+    checker.check_model(m.label + " layer " + std::to_string(m.layer), m.config, m.weights);
+  }
+  std::printf("%d checks, %d passed, %d failed\n", checker.checks(), checker.checks() - checker.failures(),
+              checker.failures());
+  if (checker.failures() > 0) throw std::runtime_error(std::to_string(checker.failures()) + " checks failed");
+}
+
+}  // namespace
+
+void add_check_command(CLI::App& app) {
+  auto o = std::make_shared<CheckOptions>();
+  CLI::App* cmd = app.add_subcommand("check", "every schedule vs serial (bitwise) and vs the fp64 reference");
+  add_model_options(cmd, o->model);
+  cmd->add_option("--tokens", o->tokens, "token counts to check")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "worker threads (default: one per core)");
+  cmd->add_flag("--tiny", o->tiny, "every family and routing variant at small sizes, f32/bf16/fp8 (ignores --model)");
+  cmd->add_flag("--sanitize", o->sanitize, "also run under the stream sanitizer (vector clocks over byte ranges)");
+  cmd->add_flag("--fuzz", o->fuzz, "also run under schedule fuzzing (delays, serialized streams, shuffled tiles, NaN-poisoned scratch)");
+  cmd->callback([o] { run_check(*o); });
+}
+
+}  // namespace moe::tools

@@ -1,0 +1,87 @@
+#include "machine.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "kernels/linear.h"
+#include "kernels/roofline.h"
+#include "output_file.h"
+
+namespace moe::tools {
+
+namespace {
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  return "unknown CPU";
+}
+
+std::filesystem::path cache_path() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  std::filesystem::path base = xdg && *xdg ? xdg : home && *home ? std::filesystem::path(home) / ".cache" : "/tmp";
+  return base / "moe-overlap" / "machine.json";
+}
+
+std::string cache_key(const std::string& cpu, int threads) { return cpu + " / " + std::to_string(threads) + " threads"; }
+
+nlohmann::json read_cache() {
+  std::ifstream in(cache_path());
+  if (!in) return nlohmann::json::object();
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() ? j : nlohmann::json::object();
+}
+
+}  // namespace
+
+nlohmann::json MachineFigures::to_json() const {
+  return {{"cpu", cpu},           {"threads", threads},         {"read_gbps", read_gbps},
+          {"fp32_fma_gflops", fp32_gflops}, {"bf16_dot_gflops", bf16_gflops}, {"isa", isa},
+          {"cached", cached}};
+}
+
+MachineFigures measure_machine(int threads) {
+  MachineFigures m;
+  m.cpu = cpu_model();
+  m.threads = threads;
+  m.read_gbps = measure_read_bandwidth_gbps(threads);
+  m.fp32_gflops = measure_peak_gflops(threads, PeakKind::kF32Fma);
+  m.bf16_gflops = measure_peak_gflops(threads, PeakKind::kBf16Dot);
+  m.isa = std::string(isa_name(active_isa()));
+  try {  // the cache is a convenience: failing to write it is not an error
+    nlohmann::json cache = read_cache();
+    cache[cache_key(m.cpu, threads)] = m.to_json();
+    std::filesystem::create_directories(cache_path().parent_path());
+    write_file_atomically(cache_path().string(), cache.dump(1));
+  } catch (const std::exception&) {
+  }
+  return m;
+}
+
+MachineFigures cached_machine(int threads) {
+  const std::string cpu = cpu_model();
+  const nlohmann::json cache = read_cache();
+  const auto it = cache.find(cache_key(cpu, threads));
+  if (it != cache.end() && it->is_object() && it->value("read_gbps", 0.0) > 0) {
+    MachineFigures m;
+    m.cpu = cpu;
+    m.threads = threads;
+    m.read_gbps = it->value("read_gbps", 0.0);
+    m.fp32_gflops = it->value("fp32_fma_gflops", 0.0);
+    m.bf16_gflops = it->value("bf16_dot_gflops", 0.0);
+    m.isa = std::string(isa_name(active_isa()));
+    m.cached = true;
+    return m;
+  }
+  return measure_machine(threads);
+}
+
+}  // namespace moe::tools

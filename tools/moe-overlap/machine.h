@@ -1,0 +1,31 @@
+// This machine's physical limits, as the benchmarks quote them: DRAM read bandwidth and arithmetic peak,
+// measured in the running process (kernels/roofline.h). `bench` measures them in the same run it times;
+// `info` reuses the last figures, cached per CPU and thread count in $XDG_CACHE_HOME/moe-overlap/machine.json
+// (~/.cache/...), and measures once when there are none.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace moe::tools {
+
+struct MachineFigures {
+  std::string cpu;          // model name from /proc/cpuinfo
+  int threads = 0;
+  double read_gbps = 0;     // sustained read bandwidth over 1 GiB, `threads` readers
+  double fp32_gflops = 0;   // fp32 FMA peak
+  double bf16_gflops = 0;   // bf16 dot-product peak (0 without avx512_bf16)
+  std::string isa;          // the kernels' active instruction set
+  bool cached = false;      // read from the cache rather than measured now
+
+  // The peak of the arithmetic the kernels use for `weight dtype` (fp32 FMA on converted weights).
+  double kernel_peak_gflops() const { return fp32_gflops; }
+  nlohmann::json to_json() const;
+};
+
+// Measures now (takes about a second) and updates the cache.
+MachineFigures measure_machine(int threads);
+// The cached figures for this CPU and thread count, or measure_machine().
+MachineFigures cached_machine(int threads);
+
+}  // namespace moe::tools

@@ -1,0 +1,154 @@
+#include "model_source.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <stdexcept>
+
+#include "io/checkpoint.h"
+#include "io/hf_config.h"
+
+namespace moe::tools {
+
+namespace {
+
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : int64_t{16} << 30;
+}
+
+double gib(int64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(int64_t{1} << 30); }
+
+int64_t first_moe_layer(const MoeConfig& c) {
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    if (c.is_moe_layer(l)) return l;
+  throw ConfigError("config has no MoE layer among its " + std::to_string(c.num_layers) + " layers");
+}
+
+class Progress {
+ public:
+  explicit Progress(std::string what) : what_(std::move(what)), start_(std::chrono::steady_clock::now()) {
+    if (isatty(STDERR_FILENO)) std::fprintf(stderr, "%s ...", what_.c_str());
+  }
+  ~Progress() {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    if (isatty(STDERR_FILENO)) std::fprintf(stderr, " done (%.1f s)\n", s);
+  }
+
+ private:
+  std::string what_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace
+
+void add_model_options(CLI::App* cmd, ModelOptions& o) {
+  std::string names;
+  for (const Preset& p : presets()) names += (names.empty() ? "" : ", ") + p.name;
+  cmd->add_option("--model", o.model, "model directory (config.json + safetensors) or preset: " + names)
+      ->capture_default_str();
+  cmd->add_option("--layer", o.layer, "decoder layer index (default: the first MoE layer)");
+  cmd->add_option("--experts", o.experts,
+                  "keep experts [0, N) only (one expert-parallel rank's share; routing still covers all)");
+  cmd->add_option("--dtype", o.dtype, "preset weight dtype: bf16, f32 or fp8 (default: the model's own)")
+      ->check(CLI::IsMember({"auto", "bf16", "f32", "fp8"}))
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "seed of the preset's random weights and of the inputs")->capture_default_str();
+}
+
+DType parse_dtype(const std::string& name) {
+  if (name == "bf16") return DType::kBF16;
+  if (name == "f32") return DType::kF32;
+  if (name == "fp8") return DType::kF8E4M3;
+  throw std::invalid_argument("--dtype: expected bf16, f32 or fp8, got '" + name + "'");
+}
+
+std::vector<int64_t> parse_token_list(const std::string& text, const std::string& flag, int64_t max) {
+  std::vector<int64_t> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = text.find(',', pos);
+    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    size_t used = 0;
+    int64_t v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || v < 0 || v > max)
+      throw std::invalid_argument(flag + ": expected comma-separated token counts in [0, " + std::to_string(max) +
+                                  "], got '" + text + "'");
+    out.push_back(v);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+std::vector<float> random_activations(int64_t tokens, int64_t hidden, uint64_t seed) {
+  std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ull + 12345);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(tokens * hidden));
+  for (float& v : x) v = normal(rng);
+  return x;
+}
+
+LoadedModel load_model(const ModelOptions& o) {
+  LoadedModel m;
+  const bool is_dir = std::filesystem::is_directory(o.model);
+  if (is_dir) {
+    if (o.dtype != "auto")
+      throw std::invalid_argument("--dtype applies to presets only; a checkpoint's weights run as stored");
+    auto dir = std::make_shared<ModelDir>(o.model);
+    m.config = dir->config();
+    m.layer = o.layer < 0 ? first_moe_layer(m.config) : o.layer;
+    {
+      Progress p("mapping layer " + std::to_string(m.layer) + " of " + o.model);
+      m.weights = load_layer(*dir, m.layer, o.experts);
+    }
+    m.weights.storage.emplace_back(dir);
+    m.dtype = m.weights.experts.empty() ? DType::kBF16 : m.weights.experts[0].gate.dtype;
+    m.label = "checkpoint " + o.model + " (" + m.config.model_type + ")";
+  } else {
+    const Preset* preset = nullptr;
+    try {
+      preset = &find_preset(o.model);
+    } catch (const ConfigError& e) {
+      throw std::invalid_argument("--model: '" + o.model + "' is neither a directory nor a preset; " + e.what());
+    }
+    m.config = preset->config;
+    m.layer = o.layer < 0 ? first_moe_layer(m.config) : o.layer;
+    if (!m.config.is_moe_layer(m.layer))
+      throw std::invalid_argument("--layer " + std::to_string(m.layer) + ": not an MoE layer of " + preset->name);
+    m.dtype = o.dtype == "auto" ? (m.config.fp8 ? DType::kF8E4M3 : DType::kBF16) : parse_dtype(o.dtype);
+    m.config.fp8 = m.dtype == DType::kF8E4M3;
+    const int64_t local = o.experts < 0 ? m.config.num_experts : o.experts;
+    if (local < 1 || local > m.config.num_experts)
+      throw std::invalid_argument("--experts: expected 1.." + std::to_string(m.config.num_experts) + ", got " +
+                                  std::to_string(o.experts));
+    const int64_t bytes = m.config.layer_weight_bytes(local, static_cast<int64_t>(dtype_size(m.dtype)));
+    if (bytes > physical_memory_bytes() / 2)
+      throw std::invalid_argument(
+          "the " + preset->name + " layer with " + std::to_string(local) + " experts needs " +
+          std::to_string(gib(bytes)).substr(0, 5) + " GiB, more than half of this machine's memory: pass " +
+          "--experts N (e.g. --experts 8, one expert-parallel rank's share)");
+    {
+      Progress p("generating " + preset->name + " weights (" + std::to_string(gib(bytes)).substr(0, 5) + " GiB)");
+      m.weights = make_random_weights(m.config, {.dtype = m.dtype, .seed = o.seed, .num_local_experts = local});
+    }
+    m.label = "preset " + preset->name + " (" + preset->description + ")";
+  }
+  if (m.weights.num_local_experts() < m.config.num_experts)
+    m.notes.push_back("experts [0, " + std::to_string(m.weights.num_local_experts()) + ") of " +
+                      std::to_string(m.config.num_experts) +
+                      " kept: one expert-parallel rank's share; tokens routed elsewhere add nothing here");
+  if (!m.config.has_shared_expert())
+    m.notes.push_back(m.config.model_type + " has no shared expert: every schedule runs serial");
+  return m;
+}
+
+}  // namespace moe::tools

@@ -1,0 +1,45 @@
+// Where a subcommand's layer comes from: a Hugging Face model directory (weights memory-mapped as stored) or
+// a built-in preset (the real sizes of a published model, seeded random weights). Shared by every subcommand.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace moe::tools {
+
+struct ModelOptions {
+  std::string model = "qwen3-next-80b-a3b";
+  int64_t layer = -1;    // -1: the first MoE layer
+  int64_t experts = -1;  // -1: all; else keep experts [0, N) (one expert-parallel rank's share)
+  std::string dtype = "auto";  // presets: bf16 | f32 | fp8 (auto: fp8 for fp8 presets, else bf16)
+  uint64_t seed = 0;
+};
+void add_model_options(CLI::App* cmd, ModelOptions& options);
+
+struct LoadedModel {
+  MoeConfig config;
+  LayerWeights weights;
+  std::string label;               // "preset qwen3-next-80b-a3b (Qwen3-Next-80B-A3B)" or "checkpoint DIR"
+  int64_t layer = 0;
+  DType dtype = DType::kBF16;      // of the expert weights
+  std::vector<std::string> notes;  // what the user should know (experts kept, memory)
+};
+// Loads or generates the layer; throws with one clear line on any problem. Prints progress on stderr when it
+// takes a while (generating or mapping gigabytes).
+LoadedModel load_model(const ModelOptions& options);
+
+// Accepts bf16 | f32 | fp8.
+DType parse_dtype(const std::string& name);
+
+// Parses "1,2,8" into token counts; throws naming `flag` on anything else (or a count outside [0, max]).
+std::vector<int64_t> parse_token_list(const std::string& text, const std::string& flag, int64_t max);
+
+// Seeded random activations [tokens, hidden], roughly unit RMS like a layer-normed hidden state.
+std::vector<float> random_activations(int64_t tokens, int64_t hidden, uint64_t seed);
+
+}  // namespace moe::tools
