@@ -6,8 +6,9 @@
 // read bandwidth measured at start-up with the same number of threads.
 // Prefill (M = 512, 2048): GFLOP/s on one matrix (in cache, as in a blocked expert GEMM), the threads
 // splitting its rows; peak_frac = achieved / the fp32-FMA peak measured at start-up (the kernels use fp32
-// FMA on exactly converted weights).
-// The second argument is the ISA (0 scalar, 1 avx2, 2 avx512); set MOE_KERNEL_ISA to pin one instead.
+// FMA on exactly converted weights; vs the bf16-dot peak for the avx512bf16 path on bf16 weights).
+// The second argument is the ISA (0 scalar, 1 avx2, 2 avx512, 3 avx512bf16 = vdpbf16ps on bf16 weights);
+// set MOE_KERNEL_ISA to pin one instead.
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
 
@@ -30,6 +31,7 @@ using moe::WeightView;
 
 double g_bw_gbps[3] = {0, 0, 0};  // by thread count 1, 2
 double g_peak_f32[3] = {0, 0, 0};
+double g_peak_bf16[3] = {0, 0, 0};
 
 // One huge-page-advised, pre-faulted region of pseudo-random bf16-ish bytes, shared by all benchmarks.
 struct Pool {
@@ -121,20 +123,22 @@ void prefill(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
     flops += 2.0 * static_cast<double>(M * (n1 - n0) * cols);
   }
   state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
-  state.counters["peak_frac"] =
-      benchmark::Counter(flops / (g_peak_f32[state.threads()] * 1e9), benchmark::Counter::kIsRate);
+  // The peak of the instruction the kernel runs: vdpbf16ps for bf16 weights on avx512bf16, else fp32 FMA.
+  const bool dot = moe::active_isa() == moe::Isa::kAvx512Bf16 && dt == DType::kBF16;
+  const double peak = (dot ? g_peak_bf16 : g_peak_f32)[state.threads()];
+  state.counters["peak_frac"] = benchmark::Counter(flops / (peak * 1e9), benchmark::Counter::kIsRate);
 }
 
 // With --benchmark_repetitions: the least disturbed repetition (this machine is shared and noisy).
 double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
 void decode_args(benchmark::internal::Benchmark* b) {
-  for (int64_t isa : {1, 2})
+  for (int64_t isa : {1, 2, 3})
     for (int64_t m : {1, 2, 4, 8, 16, 32}) b->Args({m, isa});
   b->Threads(1)->Threads(2)->UseRealTime()->MinTime(0.3)->ComputeStatistics("min", min_of);
 }
 void prefill_args(benchmark::internal::Benchmark* b) {
-  for (int64_t isa : {1, 2})
+  for (int64_t isa : {1, 2, 3})
     for (int64_t m : {512, 2048}) b->Args({m, isa});
   b->Threads(1)->Threads(2)->UseRealTime()->MinTime(0.5)->ComputeStatistics("min", min_of);
 }
@@ -156,7 +160,7 @@ int main(int argc, char** argv) {
   for (int t : {1, 2}) {
     g_bw_gbps[t] = moe::measure_read_bandwidth_gbps(t);
     g_peak_f32[t] = moe::measure_peak_gflops(t, moe::PeakKind::kF32Fma);
-    const double bf16 = moe::measure_peak_gflops(t, moe::PeakKind::kBf16Dot);
+    const double bf16 = g_peak_bf16[t] = moe::measure_peak_gflops(t, moe::PeakKind::kBf16Dot);
     std::fprintf(stderr, "roofline, %d thread(s): read %.1f GB/s, fp32 FMA %.0f GFLOP/s, bf16 dot %.0f GFLOP/s\n", t,
                  g_bw_gbps[t], g_peak_f32[t], bf16);
     benchmark::AddCustomContext("read_gbps_" + std::to_string(t), std::to_string(g_bw_gbps[t]));

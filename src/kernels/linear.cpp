@@ -58,6 +58,7 @@ std::string_view isa_name(Isa isa) {
 }
 
 bool isa_supported(Isa isa) {
+  __builtin_cpu_init();  // idempotent; needed if this runs from a static constructor before libgcc's
   switch (isa) {
     case Isa::kScalar: return true;
     case Isa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
