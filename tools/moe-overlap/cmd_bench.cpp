@@ -30,8 +30,15 @@ struct BenchOptions {
   std::string schedules = "serial,dual,phased";
   int threads = 0, repeats = 10, warmup = 2;
   int64_t evict_mib = 256;
-  bool no_policy = false;
+  bool no_policy = false, graph = false;
   std::string json, svg;
+};
+
+// One thing timed: a schedule, run eagerly or as a replayed graph.
+struct Variant {
+  Schedule schedule;
+  bool graph;
+  std::string name() const { return std::string(schedule_name(schedule)) + (graph ? "+graph" : ""); }
 };
 
 double quantile(std::vector<double> v, double q) {
@@ -92,7 +99,11 @@ double shared_alone_us(MoeLayer& layer, rt::Device& dev, const std::vector<float
 }
 
 void run_bench(const BenchOptions& o) {
-  const std::vector<Schedule> schedules = parse_schedules(o.schedules);
+  std::vector<Variant> variants;
+  for (Schedule s : parse_schedules(o.schedules)) {
+    variants.push_back({s, false});
+    if (o.graph) variants.push_back({s, true});
+  }
   const std::vector<int64_t> token_counts = parse_token_list(o.tokens, "--tokens", 1 << 16);
   if (o.repeats < 1) throw std::invalid_argument("--repeats: expected >= 1");
   LoadedModel m = load_model(o.model);
@@ -114,8 +125,12 @@ void run_bench(const BenchOptions& o) {
   std::unique_ptr<CacheEvictor> ev = o.evict_mib > 0 ? std::make_unique<CacheEvictor>(o.evict_mib) : nullptr;
   rt::Stream main = rt::current_stream(*dev);
   std::vector<float> y(static_cast<size_t>(max_tokens * m.config.hidden));
+  std::vector<float> xbuf(y.size());  // graph mode replays read the captured input buffer
   for (int64_t t : token_counts) {
-    std::vector<Samples> samples(schedules.size());
+    std::vector<Samples> samples(variants.size());
+    std::vector<LayerGraph> graphs(variants.size());
+    for (size_t vi = 0; vi < variants.size(); ++vi)
+      if (variants[vi].graph) graphs[vi] = layer.capture(xbuf.data(), t, y.data(), {.schedule = variants[vi].schedule});
     std::vector<double> bytes, flops, experts;
     for (int r = 0; r < o.warmup + o.repeats; ++r) {
       const std::vector<float> x = random_activations(t, m.config.hidden, o.model.seed * 7919 + 1000 * r + t);
@@ -125,11 +140,13 @@ void run_bench(const BenchOptions& o) {
         flops.push_back(c.flops);
         experts.push_back(static_cast<double>(c.active_experts));
       }
-      for (size_t k = 0; k < schedules.size(); ++k) {
-        const size_t si = (k + static_cast<size_t>(r)) % schedules.size();  // rotate the order per repetition
+      std::copy(x.begin(), x.end(), xbuf.begin());
+      for (size_t k = 0; k < variants.size(); ++k) {
+        const size_t si = (k + static_cast<size_t>(r)) % variants.size();  // rotate the order per repetition
         if (ev) ev->evict();
         const auto t0 = std::chrono::steady_clock::now();
-        layer.forward(x.data(), t, y.data(), {.schedule = schedules[si]});
+        if (variants[si].graph) layer.replay(graphs[si], xbuf.data(), t, y.data());
+        else layer.forward(x.data(), t, y.data(), {.schedule = variants[si].schedule});
         const auto t1 = std::chrono::steady_clock::now();
         main.synchronize();
         const auto t2 = std::chrono::steady_clock::now();
@@ -143,12 +160,13 @@ void run_bench(const BenchOptions& o) {
     const double shared_us = shared_alone_us(layer, *dev, x, t, y.data(), ev.get());
     const double med_bytes = quantile(bytes, 0.5), med_flops = quantile(flops, 0.5);
     double serial_us = 0;
-    for (size_t si = 0; si < schedules.size(); ++si)
-      if (schedules[si] == Schedule::kSerial) serial_us = quantile(samples[si].us, 0.5);
-    for (size_t si = 0; si < schedules.size(); ++si) {
+    for (size_t si = 0; si < variants.size(); ++si)
+      if (variants[si].schedule == Schedule::kSerial && !variants[si].graph) serial_us = quantile(samples[si].us, 0.5);
+    for (size_t si = 0; si < variants.size(); ++si) {
       BenchResult b;
-      b.schedule = std::string(schedule_name(schedules[si]));
-      b.effective = std::string(schedule_name(layer.effective_schedule({.schedule = schedules[si]}, t).schedule));
+      b.schedule = variants[si].name();
+      b.effective = std::string(schedule_name(layer.effective_schedule({.schedule = variants[si].schedule}, t).schedule)) +
+                    (variants[si].graph ? "+graph" : "");
       b.tokens = t;
       b.median_us = quantile(samples[si].us, 0.5);
       b.p10_us = quantile(samples[si].us, 0.1);
@@ -186,6 +204,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--warmup", o->warmup, "untimed repetitions first")->capture_default_str();
   cmd->add_option("--evict-mib", o->evict_mib, "cache-evicting sweep before every call, MiB (0: off)")
       ->capture_default_str();
+  cmd->add_flag("--graph", o->graph, "also time each schedule as a captured graph, replayed (host overhead saved)");
   cmd->add_flag("--no-policy", o->no_policy, "run exactly the requested schedules (ignore the token threshold etc.)");
   cmd->add_option("--json", o->json, "write the results as JSON");
   cmd->add_option("--svg", o->svg, "write a plot of latency vs tokens");

@@ -21,17 +21,23 @@ struct CheckOptions {
   ModelOptions model;
   std::string tokens = "1,3,16,64";
   int threads = 0;
-  bool tiny = false, sanitize = false, fuzz = false;
+  bool tiny = false, sanitize = false, fuzz = false, graph = false;
 };
 
 // fp32 arithmetic against fp64 on the same weight values: the error grows with the reduction length.
 double tolerance(const MoeConfig& c) { return 1e-5 * std::max(1.0, std::sqrt(static_cast<double>(c.hidden) / 256.0)); }
 
+// One forward, eager or (graph) captured and replayed twice: the second replay must not depend on the first.
 std::vector<float> forward(rt::Device& dev, const MoeConfig& c, const LayerWeights& w, const std::vector<float>& x,
-                           int64_t tokens, Schedule s) {
+                           int64_t tokens, Schedule s, bool graph = false) {
   MoeLayer layer(c, w, dev, {.max_tokens = std::max<int64_t>(tokens, 1), .policy = OverlapPolicy::always()});
   std::vector<float> y(static_cast<size_t>(tokens * c.hidden));
-  layer.forward(x.data(), tokens, y.data(), {.schedule = s, .check_input = true});
+  if (graph) {
+    const LayerGraph g = layer.capture(x.data(), tokens, y.data(), {.schedule = s});
+    for (int i = 0; i < 2; ++i) layer.replay(g, x.data(), tokens, y.data());
+  } else {
+    layer.forward(x.data(), tokens, y.data(), {.schedule = s, .check_input = true});
+  }
   rt::current_stream(dev).synchronize();
   return y;
 }
@@ -66,11 +72,18 @@ class Checker {
       report(std::memcmp(y.data(), serial.data(), y.size() * 4) == 0,
              at + " " + std::string(schedule_name(s)) + " bitwise == serial");
     }
+    if (o_.graph)
+      for (Schedule s : {Schedule::kSerial, Schedule::kDual, Schedule::kPhased}) {
+        const std::vector<float> y = forward(*dev, c, w, x, t, s, /*graph=*/true);
+        report(std::memcmp(y.data(), serial.data(), y.size() * 4) == 0,
+               at + " " + std::string(schedule_name(s)) + " graph replay bitwise == eager serial");
+      }
     if (o_.sanitize) {
       auto sdev = rt::make_cpu_device({.num_workers = o_.threads});
       auto san = rt::enable_sanitizer(*sdev, {.throw_on_first = false});
       for (Schedule s : {Schedule::kSerial, Schedule::kDual, Schedule::kPhased}) {
         forward(*sdev, c, w, x, t, s);
+        if (o_.graph) forward(*sdev, c, w, x, t, s, /*graph=*/true);
         const auto reports = san->take_reports();
         report(reports.empty(), at + " " + std::string(schedule_name(s)) + " sanitizer: " +
                                     (reports.empty() ? "no hazard" : reports.front().message));
@@ -83,7 +96,7 @@ class Checker {
         fc.seed = o_.model.seed + 1;
         const rt::FuzzOutcome out = rt::run_fuzzed(
             [&](rt::Device& d) {
-              const std::vector<float> y = forward(d, c, w, x, t, s);
+              const std::vector<float> y = forward(d, c, w, x, t, s, o_.graph);
               if (std::memcmp(y.data(), serial.data(), y.size() * 4) != 0)
                 throw std::runtime_error("output differs from the unfuzzed serial run");
               return rt::bytes_of(y);
@@ -154,6 +167,7 @@ void add_check_command(CLI::App& app) {
   cmd->add_option("--tokens", o->tokens, "token counts to check")->capture_default_str();
   cmd->add_option("--threads", o->threads, "worker threads (default: one per core)");
   cmd->add_flag("--tiny", o->tiny, "every family and routing variant at small sizes, f32/bf16/fp8 (ignores --model)");
+  cmd->add_flag("--graph", o->graph, "also capture each schedule as a graph and replay it (and fuzz/sanitize replays)");
   cmd->add_flag("--sanitize", o->sanitize, "also run under the stream sanitizer (vector clocks over byte ranges)");
   cmd->add_flag("--fuzz", o->fuzz, "also run under schedule fuzzing (delays, serialized streams, shuffled tiles, NaN-poisoned scratch)");
   cmd->callback([o] { run_check(*o); });

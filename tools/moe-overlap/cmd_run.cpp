@@ -18,7 +18,7 @@ struct RunOptions {
   int64_t tokens = 1;
   std::string input, output, schedule = "dual";
   int threads = 0;
-  bool prefill = false;
+  bool prefill = false, graph = false;
 };
 
 void run_run(const RunOptions& o) {
@@ -42,7 +42,12 @@ void run_run(const RunOptions& o) {
   const ForwardOptions fo{.schedule = schedule, .prefill = o.prefill, .check_input = true};
   const ScheduleDecision d = layer.effective_schedule(fo, tokens);
   const auto t0 = std::chrono::steady_clock::now();
-  layer.forward(x.data(), tokens, y.data(), fo);
+  if (o.graph) {  // capture once, then replay: what a serving engine does per token-count bucket
+    const LayerGraph g = layer.capture(x.data(), tokens, y.data(), fo);
+    layer.replay(g, x.data(), tokens, y.data());
+  } else {
+    layer.forward(x.data(), tokens, y.data(), fo);
+  }
   rt::current_stream(*dev).synchronize();
   const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   for (size_t i = 0; i < y.size(); ++i)
@@ -52,9 +57,9 @@ void run_run(const RunOptions& o) {
   if (!o.output.empty()) write_activations(o.output, y.data(), {tokens, h});
   double sq = 0;
   for (float v : y) sq += static_cast<double>(v) * v;
-  std::printf("%s, layer %lld: %lld tokens, schedule %s%s, %d workers: %.1f us, output rms %.6g%s%s\n",
+  std::printf("%s, layer %lld: %lld tokens, schedule %s%s%s, %d workers: %.1f us, output rms %.6g%s%s\n",
               m.label.c_str(), static_cast<long long>(m.layer), static_cast<long long>(tokens),
-              std::string(schedule_name(d.schedule)).c_str(), d.reason.empty() ? "" : (" (" + d.reason + ")").c_str(),
+              std::string(schedule_name(d.schedule)).c_str(), o.graph ? " (graph replay)" : "", d.reason.empty() ? "" : (" (" + d.reason + ")").c_str(),
               dev->num_workers(), us, y.empty() ? 0.0 : std::sqrt(sq / static_cast<double>(y.size())),
               o.output.empty() ? "" : ", written to ", o.output.c_str());
   for (const std::string& n : m.notes) std::printf("note: %s\n", n.c_str());
@@ -78,6 +83,7 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "worker threads (default: one per core)");
   cmd->add_flag("--prefill", o->prefill, "mark the call as prefill (stays serial under the decode-only policy)");
+  cmd->add_flag("--graph", o->graph, "capture the forward as a graph and replay it");
   cmd->callback([o] { run_run(*o); });
 }
 

@@ -18,7 +18,7 @@ struct TraceOptions {
   int64_t tokens = 1;
   std::string schedule = "dual", out = "trace.json", svg;
   int threads = 0;
-  bool prefill = false;
+  bool prefill = false, graph = false;
 };
 
 void run_trace(const TraceOptions& o) {
@@ -30,16 +30,21 @@ void run_trace(const TraceOptions& o) {
   MoeLayer layer(m.config, m.weights, *dev, {.max_tokens = std::max<int64_t>(o.tokens, 1)});
   const ForwardOptions fo{.schedule = schedule, .prefill = o.prefill};
   rt::Stream main = rt::current_stream(*dev);
-  layer.forward(x.data(), o.tokens, y.data(), fo);  // warm-up: first touch of workspaces and weights
-  main.synchronize();
+  LayerGraph graph;
+  if (o.graph) graph = layer.capture(x.data(), o.tokens, y.data(), fo);
+  auto call = [&] {
+    if (o.graph) layer.replay(graph, x.data(), o.tokens, y.data());
+    else layer.forward(x.data(), o.tokens, y.data(), fo);
+    main.synchronize();
+  };
+  call();  // warm-up: first touch of workspaces and weights
   dev->set_tracing(true);
-  layer.forward(x.data(), o.tokens, y.data(), fo);
-  main.synchronize();
+  call();
   dev->set_tracing(false);
   const rt::Trace trace = dev->take_trace();
   const ScheduleDecision d = layer.effective_schedule(fo, o.tokens);
   const std::string title = m.label + ", layer " + std::to_string(m.layer) + ", " + std::to_string(o.tokens) +
-                            " tokens, schedule " + std::string(schedule_name(d.schedule)) + ", " +
+                            " tokens, schedule " + std::string(schedule_name(d.schedule)) + (o.graph ? " (graph replay)" : "") + ", " +
                             std::to_string(dev->num_workers()) + " workers";
   write_chrome_trace(trace, o.out);
   if (!o.svg.empty()) write_timeline_svg(trace, title, o.svg);
@@ -68,6 +73,7 @@ void add_trace_command(CLI::App& app) {
   cmd->add_option("--svg", o->svg, "SVG timeline output");
   cmd->add_option("--threads", o->threads, "worker threads (default: one per core)");
   cmd->add_flag("--prefill", o->prefill, "mark the call as prefill");
+  cmd->add_flag("--graph", o->graph, "trace a replay of the captured forward instead of an eager call");
   cmd->callback([o] { run_trace(*o); });
 }
 
