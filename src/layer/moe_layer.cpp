@@ -65,11 +65,6 @@ MoeLayer::MoeLayer(const MoeConfig& config, const LayerWeights& weights, rt::Dev
   if (options_.max_tokens < 1)
     throw ConfigError("LayerOptions.max_tokens must be >= 1, got " + std::to_string(options_.max_tokens));
   if (config_.has_shared_expert()) side_ = device_.stream_for(options_.side_stream_tag, options_.side_priority);
-  for (const ExpertWeights& e : weights_.experts) {
-    ops::append_weight(expert_up_weights_, e.gate);
-    ops::append_weight(expert_up_weights_, e.up);
-    ops::append_weight(expert_down_weights_, e.down);
-  }
   allocate_workspaces();
 }
 
@@ -113,8 +108,6 @@ ops::Context MoeLayer::context(const float* x, int64_t tokens, float* y) const {
   c.num_workers = device_.num_workers();
   c.routed = routed_;
   c.shared = shared_;
-  c.expert_up_weights = &expert_up_weights_;
-  c.expert_down_weights = &expert_down_weights_;
   return c;
 }
 

@@ -135,8 +135,6 @@ class MoeLayer {
   HostBuffer shared_ws_;
   ops::RoutedBuffers routed_;
   ops::SharedBuffers shared_;
-  std::vector<rt::Access> expert_up_weights_;
-  std::vector<rt::Access> expert_down_weights_;
   Events events_;
   rt::Event done_;  // recorded at the end of every eager call and replay
 };

@@ -20,11 +20,4 @@ Grid make_grid(int64_t row_blocks, int64_t row_block, int64_t rows, int64_t cols
   return g;
 }
 
-void append_weight(std::vector<rt::Access>& out, const WeightView& w) {
-  if (w.empty()) return;
-  out.push_back(rt::reads(w.data, static_cast<size_t>(w.rows * w.cols) * dtype_size(w.dtype)));
-  if (w.dtype == DType::kF8E4M3 && w.scale_inv != nullptr)
-    out.push_back(rt::reads(w.scale_inv, static_cast<size_t>(((w.rows + 127) / 128) * ((w.cols + 127) / 128)) * 4));
-}
-
 }  // namespace moe::ops

@@ -11,6 +11,11 @@
 // schedule.
 //
 // The ops capture raw pointers: the layer that built them must outlive their execution.
+//
+// Declared accesses cover every activation and workspace byte an op reads or writes, not the weights: they are
+// immutable while the layer lives, owned by LayerWeights rather than announced to the device, and a declared
+// read of memory the device's allocator never announced would look to the sanitizer like a use of freed bytes
+// whenever the OS hands the weights addresses a freed workspace once had.
 #pragma once
 
 #include <cstdint>
@@ -60,9 +65,6 @@ struct Context {
   int num_workers = 1;
   RoutedBuffers routed;
   SharedBuffers shared;
-  // Precomputed weight ranges (built once per layer): every local expert's gate+up, and down.
-  const std::vector<rt::Access>* expert_up_weights = nullptr;
-  const std::vector<rt::Access>* expert_down_weights = nullptr;
 };
 
 // A 2-D tiling of an [rows, cols] output: row blocks of `row_block`, and enough column blocks to give
@@ -83,8 +85,6 @@ struct Grid {
 };
 inline constexpr int64_t kMinCols = 16;
 Grid make_grid(int64_t row_blocks, int64_t row_block, int64_t rows, int64_t cols, int num_workers);
-
-void append_weight(std::vector<rt::Access>& out, const WeightView& w);
 
 rt::Op make_check_input_op(const Context& c);
 rt::Op make_router_op(const Context& c);

@@ -21,7 +21,6 @@ rt::Op make_router_op(const Context& c) {
     linear(x + cell.r0 * h, cell.r1 - cell.r0, h, w, cell.c0, cell.c1, logits + cell.r0 * e, e);
   };
   op.accesses = {rt::reads(x, static_cast<size_t>(t * h) * 4), rt::writes(logits, static_cast<size_t>(t * e) * 4)};
-  append_weight(op.accesses, w);
   return op;
 }
 

@@ -32,7 +32,6 @@ rt::Op make_shared_gate_op(const Context& c) {
     for (int64_t i = t0; i < t1; ++i) gate[i] = sigmoid(gate[i]);
   };
   op.accesses = {rt::reads(x, static_cast<size_t>(t * h) * 4), rt::writes(gate, static_cast<size_t>(t) * 4)};
-  append_weight(op.accesses, w);
   return op;
 }
 
@@ -51,8 +50,6 @@ rt::Op make_shared_gate_up_op(const Context& c) {
   };
   op.accesses = {rt::reads(x, static_cast<size_t>(t * h) * 4), rt::writes(b.g, static_cast<size_t>(t * is) * 4),
                  rt::writes(b.u, static_cast<size_t>(t * is) * 4)};
-  append_weight(op.accesses, w.gate);
-  append_weight(op.accesses, w.up);
   return op;
 }
 
@@ -81,7 +78,6 @@ rt::Op make_shared_down_op(const Context& c) {
     linear(b.h + cell.r0 * is, cell.r1 - cell.r0, is, w, cell.c0, cell.c1, b.out + cell.r0 * h, h);
   };
   op.accesses = {rt::reads(b.h, static_cast<size_t>(t * is) * 4), rt::writes(b.out, static_cast<size_t>(t * h) * 4)};
-  append_weight(op.accesses, w);
   return op;
 }
 

@@ -23,7 +23,6 @@ rt::Op make_topk_op(const Context& c) {
                  rt::writes(b.route_scratch, static_cast<size_t>(t * s) * 4),
                  rt::writes(b.topk_ids, static_cast<size_t>(t * k) * 4),
                  rt::writes(b.topk_weights, static_cast<size_t>(t * k) * 4)};
-  if (bias != nullptr) op.accesses.push_back(rt::reads(bias, static_cast<size_t>(e) * 4));
   return op;
 }
 
