@@ -1,0 +1,166 @@
+// The moe-overlap command as a user meets it: every subcommand end to end on a small checkpoint written by
+// make-checkpoint, and the error contract (one clear line, non-zero exit, no output file) on bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "io/npy.h"
+
+namespace fs = std::filesystem;
+
+namespace moe {
+namespace {
+
+struct Result {
+  int status = -1;
+  std::string out;  // stdout and stderr together
+};
+
+class Cli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("moe-cli-" + std::to_string(getpid()));
+    fs::create_directories(dir_);
+    const Result r = run("make-checkpoint --preset qwen3-next-80b-a3b --hidden 64 --intermediate 32 --num-experts 16 "
+                         "--shared 48 --top-k 4 --seed 3 --shard-mib 0.05 --out " + model());
+    ASSERT_EQ(r.status, 0) << r.out;
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static std::string model() { return (dir_ / "model").string(); }
+  static std::string path(const std::string& name) { return (dir_ / name).string(); }
+
+  static Result run(const std::string& args) {
+    const std::string cmd = "XDG_CACHE_HOME=" + (dir_ / "cache").string() + " " MOE_OVERLAP_BIN " " + args + " 2>&1";
+    Result r;
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) return r;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+    const int st = pclose(p);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return r;
+  }
+
+  // An error: non-zero exit, one line naming `what`.
+  static void expect_error(const std::string& args, const std::string& what) {
+    const Result r = run(args);
+    EXPECT_NE(r.status, 0) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(what), std::string::npos) << args << "\n" << r.out;
+    EXPECT_LE(std::count(r.out.begin(), r.out.end(), '\n'), 2) << "expected one clear line:\n" << r.out;
+  }
+
+  static inline fs::path dir_;
+};
+
+TEST_F(Cli, RunWritesTheOutputAndEverySchedulesAgreesBitwise) {
+  std::vector<float> serial;
+  for (const char* s : {"serial", "dual", "phased"}) {
+    for (const char* graph : {"", " --graph"}) {
+      const std::string out = path(std::string("y_") + s + (graph[0] ? "_g" : "") + ".npy");
+      const Result r = run("run --model " + model() + " --tokens 5 --seed 2 --schedule " + s + graph + " --output " + out);
+      ASSERT_EQ(r.status, 0) << r.out;
+      const FloatArray y = read_npy(out);
+      ASSERT_EQ(y.shape, (std::vector<int64_t>{5, 64}));
+      if (serial.empty()) serial = y.values;
+      EXPECT_EQ(std::memcmp(serial.data(), y.values.data(), serial.size() * 4), 0) << s << graph;
+    }
+  }
+}
+
+TEST_F(Cli, RunReadsAnInputFile) {
+  std::vector<float> x(3 * 64, 0.25f);
+  write_npy(path("x.npy"), x.data(), {3, 64});
+  const Result r = run("run --model " + model() + " --input " + path("x.npy") + " --output " + path("yx.npy"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(read_npy(path("yx.npy")).shape, (std::vector<int64_t>{3, 64}));
+}
+
+TEST_F(Cli, BadInputsFailWithOneLineAndNoOutput) {
+  const std::string out = path("never.npy");
+  expect_error("run --model " + path("missing") + " --output " + out, "--model");
+  expect_error("run --model " + model() + " --schedule fastest --output " + out, "--schedule");
+  expect_error("run --model " + model() + " --bogus-flag", "bogus");
+  std::vector<float> x(2 * 64, 1.0f);
+  x[64 + 7] = std::numeric_limits<float>::quiet_NaN();
+  write_npy(path("nan.npy"), x.data(), {2, 64});
+  expect_error("run --model " + model() + " --input " + path("nan.npy") + " --output " + out, "token 1");
+  write_npy(path("wide.npy"), x.data(), {1, 128});
+  expect_error("run --model " + model() + " --input " + path("wide.npy") + " --output " + out, "wide.npy");
+  std::ofstream(path("garbage.npy")) << "not an npy file";
+  expect_error("run --model " + model() + " --input " + path("garbage.npy") + " --output " + out, "garbage.npy");
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(out + ".tmp"));
+  fs::create_directories(path("broken"));
+  std::ofstream(path("broken/config.json")) << R"({"model_type": "qwen3_next", "hidden_size": "wide"})";
+  expect_error("run --model " + path("broken"), "hidden_size");
+  expect_error("run --model qwen3-next-80b-a3b --experts 9999", "--experts");
+}
+
+TEST_F(Cli, CheckPassesOnTheCheckpointAndTinyFamilies) {
+  Result r = run("check --model " + model() + " --tokens 1,4 --sanitize --graph");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find(" 0 failed"), std::string::npos) << r.out;
+  r = run("check --tiny --tokens 2");
+  EXPECT_EQ(r.status, 0) << r.out;
+}
+
+TEST_F(Cli, BenchWritesTableJsonAndPlot) {
+  const Result r = run("bench --model " + model() + " --tokens 1,4 --repeats 2 --warmup 1 --evict-mib 0 --graph --json " +
+                       path("b.json") + " --svg " + path("b.svg"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(path("b.json")));
+  ASSERT_EQ(j["results"].size(), 2u * 6u);  // 2 token counts x 3 schedules x eager/graph
+  for (const char* key : {"schedule", "tokens", "median_us", "p10_us", "p90_us", "bytes", "gbps", "bandwidth_fraction",
+                          "gflops", "peak_fraction", "speedup_vs_serial", "hidden_fraction"})
+    EXPECT_TRUE(j["results"][0].contains(key)) << key;
+  EXPECT_GT(j["machine"]["read_gbps"].get<double>(), 0.0);
+  EXPECT_GT(j["results"][0]["bytes"].get<int64_t>(), 0);
+  EXPECT_TRUE(fs::exists(path("b.svg")));
+  EXPECT_NE(r.out.find("host time per call"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, TraceWritesChromeJsonAndTimeline) {
+  const Result r = run("trace --model " + model() + " --tokens 3 --schedule phased --out " + path("t.json") +
+                       " --svg " + path("t.svg"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(path("t.json")));
+  std::set<std::string> names;
+  std::set<int> streams;
+  for (const auto& e : j["traceEvents"])
+    if (e.value("cat", "") == "op") {
+      names.insert(e["name"].get<std::string>());
+      streams.insert(e["tid"].get<int>());
+    }
+  for (const char* op : {"router", "topk", "dispatch", "experts.gate_up", "experts.down", "combine",
+                         "shared_expert.gate_up", "shared_expert.down", "sum"})
+    EXPECT_TRUE(names.count(op)) << op;
+  EXPECT_EQ(streams.size(), 2u);
+  std::ifstream svg(path("t.svg"));
+  const std::string text((std::istreambuf_iterator<char>(svg)), {});
+  EXPECT_NE(text.find("shared_expert"), std::string::npos);
+  EXPECT_NE(text.find("marker-end"), std::string::npos);  // event arrows
+}
+
+TEST_F(Cli, InfoAndHelpForEverySubcommand) {
+  const Result r = run("info --model " + model());
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("bandwidth-bound time"), std::string::npos) << r.out;
+  for (const char* sub : {"run", "bench", "trace", "check", "info", "make-checkpoint"}) {
+    const Result h = run(std::string(sub) + " --help");
+    EXPECT_EQ(h.status, 0) << sub;
+    EXPECT_NE(h.out.find("--"), std::string::npos) << sub;
+  }
+}
+
+}  // namespace
+}  // namespace moe
