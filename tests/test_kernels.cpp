@@ -50,9 +50,12 @@ TestWeight make_weight(DType dt, int64_t rows, int64_t cols, uint32_t seed) {
     const int64_t nb = ((rows + 127) / 128) * ((cols + 127) / 128);
     std::uniform_real_distribution<float> us(1e-3f, 1e-1f);
     for (int64_t b = 0; b < nb; ++b) t.scales.push_back(us(rng));
-    // One block far above 2^7 and one tiny one: the kernels' two fp8 scaling paths.
+    // A large scale, a tiny one, and (with 3 row blocks) one above 2^100, which takes the kernels' exact
+    // slow path since scale * 2^8 is no longer safe.
+    const int64_t col_blocks = (cols + 127) / 128;
     t.scales[0] = 300.0f;
     if (nb > 1) t.scales[nb - 1] = 3e-7f;
+    if (rows > 256) t.scales[2 * col_blocks] = 2e30f;
     t.view.data = t.fp8.data();
     t.view.scale_inv = t.scales.data();
   }

@@ -41,30 +41,46 @@ struct Avx2 {
     return bf16(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)));
   }
 
-  // Same exact fp8 decoding as the AVX-512 path (see linear_avx512.cpp).
+  // Same exact fp8 decoding (through fp16, F16C) and the same once-per-block slow-path decision as the
+  // AVX-512 path (see linear_avx512.cpp).
   struct Fp8Scale {
     Reg s;
+    bool slow;
     bool big;
   };
-  static Fp8Scale fp8_scale(float s) {
-    const bool big = !(s < 128.0f && s > -128.0f);
-    return {_mm256_set1_ps(big ? s : s * 0x1p120f), big};
+  static Fp8Scale fp8_scale(float s, const uint8_t* block, int n) {
+    const __m256i low7 = _mm256_set1_epi8(0x7f);
+    int nan = 0, i = 0;
+    for (; i + 32 <= n; i += 32) {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i));
+      nan |= _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_and_si256(b, low7), low7));
+    }
+    for (; i < n; ++i) nan |= (block[i] & 0x7f) == 0x7f;
+    const bool big = !(s < 0x1p100f && s > -0x1p100f);
+    return {_mm256_set1_ps(big ? s : s * 0x1p8f), big || nan != 0, big};
   }
-  static Reg fp8(__m128i bytes, const Fp8Scale& s) {
+  static Reg fp8_scaled_down(__m128i bytes) {  // 8 bytes in the low half
+    const __m128i h = _mm_slli_epi16(_mm_cvtepi8_epi16(bytes), 7);
+    return _mm256_cvtph_ps(_mm_and_si128(h, _mm_set1_epi16(static_cast<short>(0xbf80))));
+  }
+  static Reg fp8_fast(__m128i bytes, const Fp8Scale& s) { return _mm256_mul_ps(fp8_scaled_down(bytes), s.s); }
+  static Reg fp8_exact(__m128i bytes, const Fp8Scale& s) {
+    Reg f = fp8_scaled_down(bytes);
+    f = s.big ? _mm256_mul_ps(_mm256_mul_ps(f, _mm256_set1_ps(0x1p8f)), s.s) : _mm256_mul_ps(f, s.s);
     const __m256i v = _mm256_cvtepi8_epi32(bytes);
-    const __m256i bits = _mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(static_cast<int>(0x87f00000u)));
     const __m256i nan = _mm256_cmpeq_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7f)), _mm256_set1_epi32(0x7f));
-    Reg f = _mm256_castsi256_ps(bits);
-    f = s.big ? _mm256_mul_ps(_mm256_mul_ps(f, _mm256_set1_ps(0x1p120f)), s.s) : _mm256_mul_ps(f, s.s);
     return _mm256_blendv_ps(f, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), _mm256_castsi256_ps(nan));
   }
-  static Reg load_fp8(const uint8_t* p, const Fp8Scale& s) {
-    return fp8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), s);
+  static Reg load_fp8_fast(const uint8_t* p, const Fp8Scale& s) {
+    return fp8_fast(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), s);
+  }
+  static Reg load_fp8_exact(const uint8_t* p, const Fp8Scale& s) {
+    return fp8_exact(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), s);
   }
   static Reg load_fp8_tail(const uint8_t* p, int n, const Fp8Scale& s) {
     alignas(16) uint8_t buf[16] = {};
     std::memcpy(buf, p, static_cast<size_t>(n));
-    return fp8(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)), s);
+    return fp8_exact(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)), s);
   }
 };
 

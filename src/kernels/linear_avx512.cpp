@@ -34,30 +34,48 @@ struct Avx512 {
   static Reg load_bf16(const uint16_t* p) { return bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   static Reg load_bf16_tail(const uint16_t* p, int n) { return bf16(_mm256_maskz_loadu_epi16(tail_mask(n), p)); }
 
-  // fp8 e4m3 -> fp32: placing the 7 magnitude bits at fp32 bits 20..26 gives value * 2^-120 exactly (fp8
-  // subnormals land on fp32 subnormals), so one multiply by scale * 2^120 yields fp8 * scale rounded once,
-  // as weight_at() does. Scales of 2^7 or more would overflow that product: they take two multiplies.
+  // fp8 e4m3 -> fp32 through fp16: the 7 magnitude bits placed at fp16 bits 7..13 (sign at 15) make an
+  // fp16 equal to fp8 * 2^-8 exactly, subnormals included, and vcvtph2ps widens it exactly; one multiply
+  // by scale * 2^8 then gives fp8 * scale rounded once, as weight_at() does. (Placing the bits straight
+  // into an fp32 would make fp8 subnormals fp32 subnormals, and denormal operands make vmulps ~2x slower
+  // here.) Two rare cases take an exact slower path, decided once per row and 128-column block: NaN codes
+  // (S.1111.111) in the block, and scales so large that scale * 2^8 could overflow.
   struct Fp8Scale {
     Reg s;
+    bool slow;
     bool big;
   };
-  static Fp8Scale fp8_scale(float s) {
-    const bool big = !(s < 128.0f && s > -128.0f);
-    return {_mm512_set1_ps(big ? s : s * 0x1p120f), big};
+  static Fp8Scale fp8_scale(float s, const uint8_t* block, int n) {
+    const __m512i low7 = _mm512_set1_epi8(0x7f);
+    __mmask64 nan = 0;
+    for (int i = 0; i < n; i += 64) {
+      const __mmask64 m = n - i >= 64 ? ~__mmask64{0} : (__mmask64{1} << (n - i)) - 1;
+      nan |= _mm512_cmpeq_epi8_mask(_mm512_and_si512(_mm512_maskz_loadu_epi8(m, block + i), low7), low7);
+    }
+    const bool big = !(s < 0x1p100f && s > -0x1p100f);
+    return {_mm512_set1_ps(big ? s : s * 0x1p8f), big || nan != 0, big};
   }
-  static Reg fp8(__m128i bytes, const Fp8Scale& s) {
-    const __m512i v = _mm512_cvtepi8_epi32(bytes);  // sign-extended: the sign lands on bit 31 after << 20
-    const __m512i bits = _mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32(static_cast<int>(0x87f00000u)));
-    const __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(v, _mm512_set1_epi32(0x7f)), _mm512_set1_epi32(0x7f));
-    Reg f = _mm512_castsi512_ps(bits);
-    f = s.big ? _mm512_mul_ps(_mm512_mul_ps(f, _mm512_set1_ps(0x1p120f)), s.s) : _mm512_mul_ps(f, s.s);
+  // fp8 * 2^-8 as fp32: sign-extended words << 7 put the sign on bit 15 and a copy on bit 14, cleared.
+  static Reg fp8_scaled_down(__m128i bytes) {
+    const __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7);
+    return _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16(static_cast<short>(0xbf80))));
+  }
+  static Reg fp8_fast(__m128i bytes, const Fp8Scale& s) { return _mm512_mul_ps(fp8_scaled_down(bytes), s.s); }
+  static Reg fp8_exact(__m128i bytes, const Fp8Scale& s) {
+    Reg f = fp8_scaled_down(bytes);
+    f = s.big ? _mm512_mul_ps(_mm512_mul_ps(f, _mm512_set1_ps(0x1p8f)), s.s) : _mm512_mul_ps(f, s.s);
+    const __m128i low7 = _mm_set1_epi8(0x7f);
+    const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_and_si128(bytes, low7), low7);
     return _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
   }
-  static Reg load_fp8(const uint8_t* p, const Fp8Scale& s) {
-    return fp8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), s);
+  static Reg load_fp8_fast(const uint8_t* p, const Fp8Scale& s) {
+    return fp8_fast(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), s);
+  }
+  static Reg load_fp8_exact(const uint8_t* p, const Fp8Scale& s) {
+    return fp8_exact(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), s);
   }
   static Reg load_fp8_tail(const uint8_t* p, int n, const Fp8Scale& s) {
-    return fp8(_mm_maskz_loadu_epi8(tail_mask(n), p), s);
+    return fp8_exact(_mm_maskz_loadu_epi8(tail_mask(n), p), s);
   }
 };
 

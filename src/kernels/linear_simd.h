@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/weight.h"
 
@@ -34,9 +35,10 @@ struct RowCursor<V, DType::kF32> {
   const float* p = nullptr;
   void set(const WeightView& w, int64_t r) { p = static_cast<const float*>(w.data) + r * w.cols; }
   void block(int64_t) {}
+  static constexpr bool slow() { return false; }
+  template <bool kSlow>
   typename V::Reg load(int64_t k) const { return V::load(p + k); }
   typename V::Reg load_tail(int64_t k, int n) const { return V::load_tail(p + k, n); }
-  void prefetch(int64_t k) const { V::prefetch(p + k); }
 };
 
 template <class V>
@@ -44,9 +46,10 @@ struct RowCursor<V, DType::kBF16> {
   const uint16_t* p = nullptr;
   void set(const WeightView& w, int64_t r) { p = static_cast<const uint16_t*>(w.data) + r * w.cols; }
   void block(int64_t) {}
+  static constexpr bool slow() { return false; }
+  template <bool kSlow>
   typename V::Reg load(int64_t k) const { return V::load_bf16(p + k); }
   typename V::Reg load_tail(int64_t k, int n) const { return V::load_bf16_tail(p + k, n); }
-  void prefetch(int64_t k) const { V::prefetch(p + k); }
 };
 
 template <class V>
@@ -56,12 +59,22 @@ struct RowCursor<V, DType::kF8E4M3> {
   typename V::Fp8Scale scale{};
   void set(const WeightView& w, int64_t r) {
     p = static_cast<const uint8_t*>(w.data) + r * w.cols;
+    row_end = p + w.cols;
     scales = w.scale_inv + (r / kScaleBlock) * ((w.cols + kScaleBlock - 1) / kScaleBlock);
   }
-  void block(int64_t kb) { scale = V::fp8_scale(scales[kb]); }
-  typename V::Reg load(int64_t k) const { return V::load_fp8(p + k, scale); }
+  const uint8_t* row_end = nullptr;
+  void block(int64_t kb) {
+    const uint8_t* b = p + kb * kScaleBlock;
+    scale = V::fp8_scale(scales[kb], b, static_cast<int>(std::min<int64_t>(kScaleBlock, row_end - b)));
+  }
+  // Whether this block needs the exact-but-slower decoding (NaN codes or a scale >= 2^7, see the traits).
+  bool slow() const { return scale.slow; }
+  template <bool kSlow>
+  typename V::Reg load(int64_t k) const {
+    if constexpr (kSlow) return V::load_fp8_exact(p + k, scale);
+    else return V::load_fp8_fast(p + k, scale);
+  }
   typename V::Reg load_tail(int64_t k, int n) const { return V::load_fp8_tail(p + k, n, scale); }
-  void prefetch(int64_t k) const { V::prefetch(p + k); }
 };
 
 // y[t * ldy + r] for t < T, r < R: rows n .. n+R of w against tokens x[0 .. T).
@@ -93,17 +106,26 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
       for (; from < to; from += 64) V::prefetch(from);
     }
     int64_t k = kb;
-    for (; k + L <= kend; k += L) {
-      Reg wv[R];
+    // The slow decoding is chosen once per block, outside the loop: a per-load branch costs more than
+    // the decoding itself.
+    const auto steps = [&](auto slow) {
+      for (; k + L <= kend; k += L) {
+        Reg wv[R];
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) wv[r] = rows[r].load(k);
+        for (int r = 0; r < R; ++r) wv[r] = rows[r].template load<decltype(slow)::value>(k);
 #pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) {
-        const Reg xv = V::load(x + t * ldx + k);
+        for (int t = 0; t < T; ++t) {
+          const Reg xv = V::load(x + t * ldx + k);
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) acc[r][t] = V::fma(xv, wv[r], acc[r][t]);
+          for (int r = 0; r < R; ++r) acc[r][t] = V::fma(xv, wv[r], acc[r][t]);
+        }
       }
-    }
+    };
+    bool slow = false;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) slow |= rows[r].slow();
+    if (slow) steps(std::true_type{});
+    else steps(std::false_type{});
     if (k < kend) {
       const int rem = static_cast<int>(kend - k);
       Reg wv[R];
@@ -192,7 +214,10 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
       for (int r = 0; r < R; ++r) {
         rows[r].block(kb / kScaleBlock);
         int64_t k = kb;
-        for (; k + L <= kend; k += L) V::store(&panel[r][k - c0], rows[r].load(k));
+        if (rows[r].slow())
+          for (; k + L <= kend; k += L) V::store(&panel[r][k - c0], rows[r].template load<true>(k));
+        else
+          for (; k + L <= kend; k += L) V::store(&panel[r][k - c0], rows[r].template load<false>(k));
         if (k < kend) V::store(&panel[r][k - c0], rows[r].load_tail(k, static_cast<int>(kend - k)));
       }
     }
