@@ -115,6 +115,11 @@ size_t Sanitizer::num_reports() const {
   return reports_.size();
 }
 
+size_t Sanitizer::num_ranges() const {
+  std::lock_guard lk(mu_);
+  return segments_.size();
+}
+
 void Sanitizer::reset() {
   std::lock_guard lk(mu_);
   stream_ids_.clear();
@@ -300,7 +305,7 @@ void Sanitizer::check_access(const Access& a, const Record& cur, std::vector<Pen
   }
 }
 
-void Sanitizer::apply_access(const Access& a, const Record& cur) {
+void Sanitizer::apply_access(const Access& a, const Record& cur, bool poison) {
   if (a.ptr == nullptr || a.bytes == 0) return;
   auto begin = reinterpret_cast<uintptr_t>(a.ptr);
   uintptr_t end = begin + a.bytes;
@@ -312,7 +317,7 @@ void Sanitizer::apply_access(const Access& a, const Record& cur) {
       seg.has_write = true;
       seg.write = r;
       seg.reads.clear();
-      seg.initialized = true;
+      seg.initialized = !poison;
     } else {
       auto same = std::find_if(seg.reads.begin(), seg.reads.end(), [&](const Record& x) { return x.stream == r.stream; });
       if (same != seg.reads.end()) *same = r;
@@ -391,9 +396,10 @@ void Sanitizer::on_launch(const Stream& s, uint64_t seq, const Op& op) {
   Clock& c = streams_[si].clock;
   if (c.size() <= si) c.resize(si + 1, 0);
   c[si] = seq;
+  bool poison = op.name.starts_with(kPoisonOpPrefix);
   for (const Access& a : op.accesses) {
     cur.mode = a.mode;
-    apply_access(a, cur);
+    apply_access(a, cur, poison);
   }
 }
 
@@ -404,7 +410,7 @@ void Sanitizer::host_write(const void* p, size_t bytes) {
   std::vector<Pending> pending;
   check_access(a, cur, pending);
   emit(pending, cur);
-  apply_access(a, cur);
+  apply_access(a, cur, false);
 }
 
 void Sanitizer::host_read(const void* p, size_t bytes) {

@@ -46,6 +46,10 @@ enum class HazardKind : uint8_t {
   kUninitializedRead,   // a read of bytes of a fresh allocation nothing has written
 };
 const char* to_string(HazardKind kind);
+
+// An operation whose name starts with this (schedule_fuzz.h's launch_poison) writes garbage on purpose: it is
+// checked like any write, but leaves the bytes uninitialised.
+inline constexpr const char* kPoisonOpPrefix = "poison";
 const char* to_string(AccessMode mode);
 
 // One side of a hazard. For the host, stream_id is -1 and stream_name "host".
@@ -95,6 +99,8 @@ class Sanitizer : public Observer {
   std::vector<RaceReport> reports() const;
   std::vector<RaceReport> take_reports();
   size_t num_reports() const;
+  // Ranges in the interval map (diagnostics: adjacent ranges in the same state are merged).
+  size_t num_ranges() const;
   // Forget all streams, events and ranges (between independent programs on one device).
   void reset();
 
@@ -163,7 +169,7 @@ class Sanitizer : public Observer {
   void coalesce(uintptr_t begin, uintptr_t end);
   void check_access(const Access& a, const Record& cur, std::vector<Pending>& out);
   void check_segment(uintptr_t begin, const Segment& seg, const Record& cur, std::vector<Pending>& out);
-  void apply_access(const Access& a, const Record& cur);
+  void apply_access(const Access& a, const Record& cur, bool poison);
   void emit(std::vector<Pending>& pending, const Record& cur);
   AccessSite site(const Record& r) const;
   RaceReport make_report(const Pending& p, const Record& cur) const;

@@ -42,7 +42,7 @@ void poison_now(void* p, size_t bytes) {
 
 void launch_poison(Stream& s, void* p, size_t bytes, const std::string& what) {
   if (p == nullptr || bytes == 0) return;
-  s.launch({.name = what, .num_tiles = 1, .tile = [p, bytes](int) { poison_now(p, bytes); },
+  s.launch({.name = std::string(kPoisonOpPrefix) + ": " + what, .num_tiles = 1, .tile = [p, bytes](int) { poison_now(p, bytes); },
             .accesses = {writes(p, bytes)}});
 }
 
@@ -62,23 +62,25 @@ std::vector<FuzzSetting> fuzz_plan(const FuzzConfig& config) {
     o.num_workers = config.num_workers;
     return o;
   };
-  plan.push_back({"baseline", base()});
+  const bool poison = config.poison;
+  plan.push_back({"baseline", base(), false});
+  if (poison) plan.push_back({"poisoned", base(), true});
   CpuDeviceOptions fwd = base();
   fwd.fuzz = {.seed = config.seed, .serialize_streams = true};
-  plan.push_back({"serialized, creation order", fwd});
+  plan.push_back({"serialized, creation order", fwd, poison});
   CpuDeviceOptions rev = fwd;
   rev.fuzz.serialize_reverse = true;
-  plan.push_back({"serialized, reverse order", rev});
+  plan.push_back({"serialized, reverse order", rev, poison});
   if (config.shuffle_tiles) {
     CpuDeviceOptions sh = base();
     sh.fuzz = {.seed = config.seed, .shuffle_tiles = true};
-    plan.push_back({"shuffled tiles", sh});
+    plan.push_back({"shuffled tiles", sh, poison});
   }
   for (int i = 0; i < config.num_delay_runs; ++i) {
     CpuDeviceOptions d = base();
     d.fuzz = {.seed = config.seed + 1 + static_cast<uint64_t>(i), .max_delay_us = config.max_delay_us,
               .shuffle_tiles = config.shuffle_tiles};
-    plan.push_back({"random delays, seed " + std::to_string(d.fuzz.seed), d});
+    plan.push_back({"random delays, seed " + std::to_string(d.fuzz.seed), d, poison});
   }
   return plan;
 }
@@ -91,12 +93,12 @@ std::string FuzzOutcome::summary() const {
 
 FuzzOutcome run_fuzzed(const FuzzBody& body, const FuzzConfig& config, const DeviceFactory& make) {
   FuzzOutcome outcome;
-  std::unique_ptr<PoisonScope> poison;
-  if (config.poison) poison = std::make_unique<PoisonScope>();
   std::vector<std::byte> reference;
   bool have_reference = false;
   for (const FuzzSetting& setting : fuzz_plan(config)) {
     ++outcome.num_runs;
+    std::unique_ptr<PoisonScope> poison;
+    if (setting.poison) poison = std::make_unique<PoisonScope>();
     std::unique_ptr<Device> dev = make ? make(setting.options) : make_cpu_device(setting.options);
     std::shared_ptr<Sanitizer> san;
     if (config.sanitize) san = enable_sanitizer(*dev, {.throw_on_first = false});

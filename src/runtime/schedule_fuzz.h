@@ -36,10 +36,11 @@ inline constexpr unsigned char kPoisonByte = 0xFF;  // all-ones: a NaN in every 
 
 // Fills [p, p + bytes) with kPoisonByte now, on the host.
 void poison_now(void* p, size_t bytes);
-// Enqueues the fill on `s` (declared as a write), whatever the scope.
-void launch_poison(Stream& s, void* p, size_t bytes, const std::string& what = "poison");
+// Enqueues the fill on `s` (declared as a write; the op is named kPoisonOpPrefix + ": " + what, so that the
+// sanitizer treats the bytes as uninitialised afterwards), whatever the scope.
+void launch_poison(Stream& s, void* p, size_t bytes, const std::string& what = "scratch");
 // launch_poison when poisoning is on, else nothing (one atomic load).
-void poison_before_reuse(Stream& s, void* p, size_t bytes, const std::string& what = "poison");
+void poison_before_reuse(Stream& s, void* p, size_t bytes, const std::string& what = "scratch");
 bool poisoning_enabled();
 
 // Turns poisoning on for its lifetime (process-wide; scopes nest).
@@ -55,6 +56,7 @@ class PoisonScope {
 struct FuzzSetting {
   std::string name;
   CpuDeviceOptions options;
+  bool poison = false;
 };
 
 struct FuzzConfig {
@@ -63,11 +65,12 @@ struct FuzzConfig {
   int num_delay_runs = 2;  // random delays (of every stream) with different seeds
   int max_delay_us = 50;
   bool shuffle_tiles = true;
-  bool poison = true;
+  bool poison = true;  // every run but the baseline poisons (so a read of stale scratch changes the output)
   bool sanitize = true;  // attach a collecting sanitizer to every run; any report is a failure
 };
 
-// baseline (no fuzzing), serialized in creation order and in reverse, shuffled tiles, random delays.
+// baseline (no fuzzing, no poison), poisoned, serialized in creation order and in reverse, shuffled tiles,
+// random delays.
 std::vector<FuzzSetting> fuzz_plan(const FuzzConfig& config);
 
 struct FuzzOutcome {
