@@ -7,6 +7,8 @@
 // write that was itself checked against the reads before it is ordered after them (or was reported).
 #include "runtime/sanitizer.h"
 
+#include "runtime/graph.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -464,8 +466,113 @@ void Sanitizer::on_free(const void* p, size_t bytes) {
     }
     emit(pending, cur);
   }
+  if (options_.host_ordered_free) {
+    // The bytes go back to the heap, which may hand them to memory nobody announces (weights, a vector):
+    // forget them. A racy free has been reported above.
+    split_at(begin);
+    split_at(end);
+    segments_.erase(segments_.lower_bound(begin), segments_.lower_bound(end));
+    return;
+  }
+  // Stream-ordered: the bytes stay in the allocator's pool until the next on_alloc; keep the records for the
+  // reuse check.
   for (auto it = cover(begin, end); it != segments_.end() && it->first < end; ++it) it->second.freed = true;
   coalesce(begin, end);
+}
+
+void Sanitizer::on_graph_launch(const Stream& s, uint64_t seq, const GraphExec& exec) {
+  std::lock_guard lk(mu_);
+  std::shared_ptr<const void> id = exec.impl();
+  bool checked = std::any_of(checked_graphs_.begin(), checked_graphs_.end(),
+                             [&](const std::weak_ptr<const void>& w) { return w.lock() == id; });
+  if (!checked) {
+    std::erase_if(checked_graphs_, [](const auto& w) { return w.expired(); });
+    checked_graphs_.push_back(id);
+    std::vector<RaceReport> inner = check_graph(exec.nodes());
+    if (!inner.empty()) {
+      size_t first = reports_.size();
+      reports_.insert(reports_.end(), inner.begin(), inner.end());
+      if (options_.throw_on_first) throw RaceError(reports_[first]);
+    }
+  }
+  // Node by node in capture order (a topological order), each checked then applied, so that a node reading
+  // what an earlier node of the same replay wrote sees it initialised. Within a replay everything counts as
+  // one position (s, seq); the graph's own order was checked above.
+  uint32_t si = stream_index(s);
+  Clock& c = streams_[si].clock;
+  if (c.size() <= si) c.resize(si + 1, 0);
+  c[si] = seq;
+  std::vector<Pending> pending;
+  for (const GraphNode& node : exec.nodes()) {
+    Record cur{si, intern(node.op.name + " (graph replay)"), seq, 0, AccessMode::kRead};
+    for (const Access& a : node.op.accesses) {
+      cur.mode = a.mode;
+      check_access(a, cur, pending);
+      emit(pending, cur);
+      pending.clear();
+    }
+    for (const Access& a : node.op.accesses) {
+      cur.mode = a.mode;
+      apply_access(a, cur, node.op.name.starts_with(kPoisonOpPrefix));
+    }
+  }
+}
+
+// ---- captured graphs on their own ----------------------------------------------------------------------
+
+namespace {
+
+// First overlap of two nodes' accesses where one writes: {current access, previous access}, or nulls.
+std::pair<const Access*, const Access*> graph_conflict(const Op& later, const Op& earlier) {
+  for (const Access& a : later.accesses) {
+    for (const Access& b : earlier.accesses) {
+      if (!writes_of(a.mode) && !writes_of(b.mode)) continue;
+      auto a0 = reinterpret_cast<uintptr_t>(a.ptr), b0 = reinterpret_cast<uintptr_t>(b.ptr);
+      if (a.ptr && b.ptr && a0 < b0 + b.bytes && b0 < a0 + a.bytes) return {&a, &b};
+    }
+  }
+  return {nullptr, nullptr};
+}
+
+AccessSite node_site(const GraphNode& n, size_t index, AccessMode mode) {
+  return {n.op.name + " (graph node " + std::to_string(index) + ")", n.stream_id, n.stream_name, 0, mode};
+}
+
+}  // namespace
+
+std::vector<RaceReport> check_graph(const std::vector<GraphNode>& nodes) {
+  const size_t n = nodes.size();
+  const size_t words = (n + 63) / 64;
+  std::vector<uint64_t> reach(n * words, 0);  // reach[j] has bit i when node i happens before node j
+  std::vector<RaceReport> out;
+  for (size_t j = 0; j < n; ++j) {
+    uint64_t* rj = &reach[j * words];
+    for (int d : nodes[j].deps) {
+      if (d < 0 || static_cast<size_t>(d) >= j) continue;
+      const uint64_t* rd = &reach[static_cast<size_t>(d) * words];
+      for (size_t w = 0; w < words; ++w) rj[w] |= rd[w];
+      rj[d / 64] |= uint64_t{1} << (d % 64);
+    }
+    for (size_t i = 0; i < j; ++i) {
+      if (rj[i / 64] >> (i % 64) & 1) continue;
+      auto [a, b] = graph_conflict(nodes[j].op, nodes[i].op);
+      if (!a) continue;
+      RaceReport r;
+      r.kind = writes_of(a->mode) ? (writes_of(b->mode) ? HazardKind::kWriteAfterWrite : HazardKind::kWriteAfterRead)
+                                  : HazardKind::kReadAfterWrite;
+      r.current = node_site(nodes[j], j, a->mode);
+      r.previous = node_site(nodes[i], i, b->mode);
+      uintptr_t lo = std::max(reinterpret_cast<uintptr_t>(a->ptr), reinterpret_cast<uintptr_t>(b->ptr));
+      uintptr_t hi = std::min(reinterpret_cast<uintptr_t>(a->ptr) + a->bytes, reinterpret_cast<uintptr_t>(b->ptr) + b->bytes);
+      r.ptr = reinterpret_cast<const void*>(lo);
+      r.bytes = hi - lo;
+      r.message = std::string("stream sanitizer: graph ") + to_string(r.kind) + " on bytes [" + hex(lo) + ", " +
+                  hex(hi) + "): " + describe(r.current) + " is not ordered after " + describe(r.previous) +
+                  " by the captured dependencies; " + hint(r) + " inside the capture";
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
 }
 
 // ---- registration --------------------------------------------------------------------------------------

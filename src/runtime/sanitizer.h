@@ -13,6 +13,7 @@
 //     ordered before the host still uses the bytes, a reallocation whose first use is not ordered after the
 //     previous owner's accesses, an access to freed bytes, and a read of bytes of a fresh allocation that no
 //     operation (nor the host, see note_host_write) has written.
+// Graph replays (graph.h) are checked too: the captured DAG on its own, and each replay against other streams.
 //
 // Example:
 //   auto dev = moe::rt::make_cpu_device();
@@ -35,6 +36,9 @@
 #include "runtime/runtime.h"
 
 namespace moe::rt {
+
+class GraphExec;
+struct GraphNode;
 
 enum class HazardKind : uint8_t {
   kReadAfterWrite,      // a read not ordered after another stream's write
@@ -118,6 +122,9 @@ class Sanitizer : public Observer {
   void on_device_synchronize() override;
   void on_alloc(const void* p, size_t bytes) override;
   void on_free(const void* p, size_t bytes) override;
+  // A replay: its nodes are checked once against each other (check_graph), and every replay as one access
+  // set at (s, seq) against the eager work of other streams.
+  void on_graph_launch(const Stream& s, uint64_t seq, const GraphExec& exec) override;
 
  private:
   using Clock = std::vector<uint64_t>;  // indexed by the sanitizer's stream index
@@ -185,7 +192,12 @@ class Sanitizer : public Observer {
   std::map<uintptr_t, Segment> segments_;
   std::vector<Allocation> allocs_;  // allocation id - 1
   std::vector<RaceReport> reports_;
+  std::vector<std::weak_ptr<const void>> checked_graphs_;
 };
+
+// A captured graph on its own: any two nodes whose declared accesses conflict (overlap, one writes) must be
+// ordered by the nodes' dependencies, transitively. Returns one report per unordered pair of nodes.
+std::vector<RaceReport> check_graph(const std::vector<GraphNode>& nodes);
 
 // Registers a sanitizer as an observer of `device` and returns it (keep it to read reports; it stays
 // registered until disable_sanitizer or the device's end).
