@@ -19,7 +19,7 @@ struct Avx512 {
   static Reg load_tail(const float* p, int n) { return _mm512_maskz_loadu_ps(tail_mask(n), p); }
   static void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
   static Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
-  static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
+  static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
   // Fixed reduction tree: halves, then quarters, then pairs.
   static float hsum(Reg v) {
     const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));

@@ -59,7 +59,7 @@ void micro(const float* x, int64_t ldx, const WeightView& w, int64_t n, float* y
   for (; k + kStep <= K; k += kStep) {
     if (k % 128 == 0)
       for (const char* p = next + k * R * 2; p < std::min(next + (k + 128) * R * 2, end); p += 64)
-        _mm_prefetch(p, _MM_HINT_T1);
+        _mm_prefetch(p, _MM_HINT_T0);
     __m512bh wv[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) wv[r] = w_bf16(rows[r] + k);

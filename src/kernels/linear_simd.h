@@ -100,7 +100,8 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
     const int64_t kend = std::min(K, kb + kScaleBlock);
     {
       // The hardware prefetchers lose the R short row streams at every row block (a bf16 row of 2048 is
-      // one 4 KiB page), so stream the next row block into L2 at the rate this one is consumed.
+      // one 4 KiB page), so stream the next row block in at the rate this one is consumed (T0 measured best,
+      // with NTA; NTA would evict what prefill re-reads).
       const char* from = next + kb * kBlockColBytes;
       const char* to = std::min(next + kend * kBlockColBytes, end);
       for (; from < to; from += 64) V::prefetch(from);
