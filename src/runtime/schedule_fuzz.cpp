@@ -34,6 +34,13 @@ std::string difference(const std::vector<std::byte>& ref, const std::vector<std:
          std::to_string(first) + " (" + hex_byte(got[first]) + ", expected " + hex_byte(ref[first]) + ")";
 }
 
+// Fills every allocation announced with Device::notify_alloc with NaN: a fresh workspace holds garbage, as it
+// would after a reuse, so that a read of bytes nobody wrote changes the output.
+class AllocPoisoner : public Observer {
+ public:
+  void on_alloc(const void* p, size_t bytes) override { poison_now(const_cast<void*>(p), bytes); }
+};
+
 }  // namespace
 
 void poison_now(void* p, size_t bytes) {
@@ -100,6 +107,7 @@ FuzzOutcome run_fuzzed(const FuzzBody& body, const FuzzConfig& config, const Dev
     std::unique_ptr<PoisonScope> poison;
     if (setting.poison) poison = std::make_unique<PoisonScope>();
     std::unique_ptr<Device> dev = make ? make(setting.options) : make_cpu_device(setting.options);
+    if (setting.poison) dev->add_observer(std::make_shared<AllocPoisoner>());
     std::shared_ptr<Sanitizer> san;
     if (config.sanitize) san = enable_sanitizer(*dev, {.throw_on_first = false});
     std::vector<std::byte> out;

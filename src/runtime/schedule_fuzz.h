@@ -13,10 +13,12 @@
 //   });
 //   EXPECT_TRUE(outcome.ok()) << outcome.summary();
 //
-// Poisoning: code that owns scratch memory calls poison_before_reuse(stream, p, bytes) where the memory
-// changes hands (a workspace at the start of a call, a freed output). It is a no-op unless a PoisonScope is
-// alive (run_fuzzed opens one); then it enqueues an operation on `stream` that fills the bytes with 0xFF, a
-// NaN in f32, bf16 and f16, declared as a write so the sanitizer checks the hand-over too.
+// Poisoning (every run but the baseline): memory announced with Device::notify_alloc is filled with NaN at
+// once (announce before initialising), and code that owns scratch memory may call
+// poison_before_reuse(stream, p, bytes) where the memory changes hands (a workspace at the start of a call, a
+// freed output). That is a no-op unless a PoisonScope is alive (run_fuzzed opens one); then it enqueues an
+// operation on `stream` that fills the bytes with 0xFF, a NaN in f32, bf16 and f16, declared as a write so
+// the sanitizer checks the hand-over too.
 #pragma once
 
 #include <cstddef>
