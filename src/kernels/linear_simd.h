@@ -11,9 +11,10 @@
 // one of them, so the bits depend on (x row, W row, ISA) alone. fp8 weights become fp32 exactly as
 // weight_at() defines them (fp8 value * block scale, rounded once), element by element.
 //
-// Loop structure: tokens in macro-blocks of up to kMacroTokens (their x rows stay in L2), then row blocks
-// of kRows, then token micro-blocks of up to kTokens: each weight row is streamed from memory once per
-// macro-block and re-read from L1/L2 by the other micro-blocks.
+// Loop structure (linear_rows): tokens in macro-blocks of up to kMaxMacroTokens (their x rows stay in
+// L2), then row blocks (8 rows for a single token, else 4), then either one register-blocked pass for up
+// to 4 tokens (micro_kernel) or, for more, fp32 panels of the rows shared by 4-token micro-blocks
+// (row_block_panel). Each weight row is streamed from memory once per macro-block.
 #pragma once
 
 #include <algorithm>
@@ -26,7 +27,9 @@ namespace moe::simd {
 
 inline constexpr int64_t kScaleBlock = 128;  // fp8 block-scale granularity (columns and rows)
 
-// The columns [k0, k0 + n) of one token's x, or of one weight row, at most kLanes.
+// Reads one weight row as fp32 vectors: set() picks the row, block(kb) is called before the columns of
+// 128-column block kb are read (fp8: its scale), load<kSlow>(k) / load_tail(k, n) read kLanes / n < kLanes
+// columns from k (the tail zero-filled). slow() says whether this block needs the exact slow decoding.
 template <class V, DType D>
 struct RowCursor;
 
