@@ -13,6 +13,9 @@ namespace {
 struct Avx2 {
   using Reg = __m256;
   static constexpr int kLanes = 8;
+  // Register blocking: tokens per micro-block, and whether 6-row x 4-token blocks fit (16 registers).
+  static constexpr int kTokens = 2;
+  static constexpr bool kWideBlocks = false;
 
   static Reg zero() { return _mm256_setzero_ps(); }
   static Reg load(const float* p) { return _mm256_loadu_ps(p); }

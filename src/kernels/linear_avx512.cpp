@@ -12,6 +12,9 @@ namespace {
 struct Avx512 {
   using Reg = __m512;
   static constexpr int kLanes = 16;
+  // Register blocking: tokens per micro-block, and whether 6-row x 4-token blocks fit (32 registers).
+  static constexpr int kTokens = 4;
+  static constexpr bool kWideBlocks = true;
   static __mmask16 tail_mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
 
   static Reg zero() { return _mm512_setzero_ps(); }

@@ -225,8 +225,9 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
         if (k < kend) V::store(&panel[r][k - c0], rows[r].load_tail(k, static_cast<int>(kend - k)));
       }
     }
+    constexpr int kT = V::kTokens;
     int64_t t = 0;
-    for (; t + 4 <= M; t += 4) micro_panel<V, R, 4>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L);
+    for (; t + kT <= M; t += kT) micro_panel<V, R, kT>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L);
     switch (M - t) {
       case 3: micro_panel<V, R, 3>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L); break;
       case 2: micro_panel<V, R, 2>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L); break;
@@ -242,11 +243,15 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
 template <class V, DType D, int R>
 void row_block(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
   if (M > 4) return row_block_panel<V, D, R>(x, M, ldx, w, n, y, ldy);
-  switch (M) {
-    case 4: micro_kernel<V, D, R, 4>(x, ldx, w, n, y, ldy); break;
-    case 3: micro_kernel<V, D, R, 3>(x, ldx, w, n, y, ldy); break;
-    case 2: micro_kernel<V, D, R, 2>(x, ldx, w, n, y, ldy); break;
-    case 1: micro_kernel<V, D, R, 1>(x, ldx, w, n, y, ldy); break;
+  // More tokens than the register file holds accumulators for (V::kTokens): several passes, the later
+  // ones re-reading the rows from L1.
+  constexpr int kT = V::kTokens;
+  int64_t t = 0;
+  for (; t + kT <= M; t += kT) micro_kernel<V, D, R, kT>(x + t * ldx, ldx, w, n, y + t * ldy, ldy);
+  switch (M - t) {
+    case 3: micro_kernel<V, D, R, 3>(x + t * ldx, ldx, w, n, y + t * ldy, ldy); break;
+    case 2: micro_kernel<V, D, R, 2>(x + t * ldx, ldx, w, n, y + t * ldy, ldy); break;
+    case 1: micro_kernel<V, D, R, 1>(x + t * ldx, ldx, w, n, y + t * ldy, ldy); break;
     default: break;
   }
 }
@@ -264,6 +269,10 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
     int64_t n = n0;
     if (mc == 1)  // one token: more rows in flight to cover the FMA latency
       for (; n + 8 <= n1; n += 8) micro_kernel<V, D, 8, 1>(xm, ldx, w, n, ym + (n - n0), ldy);
+    // 4 tokens: 6 rows x 4 tokens fills 24 of 32 registers (measured ~10% faster than 4 x 4 for bf16 on
+    // one thread); fp8 rows carry a scale register each and stay at 4.
+    if (mc == 4 && V::kWideBlocks && D != DType::kF8E4M3)
+      for (; n + 6 <= n1; n += 6) micro_kernel<V, D, 6, 4>(xm, ldx, w, n, ym + (n - n0), ldy);
     for (; n + 4 <= n1; n += 4) row_block<V, D, 4>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     for (; n < n1; ++n) row_block<V, D, 1>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
   }
