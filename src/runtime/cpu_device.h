@@ -106,6 +106,7 @@ class CpuCore : public DeviceCore {
   void advance_all();
   void bump();
   void idle(std::unique_lock<std::mutex>& lk);
+  void pin_workers();
   void wait_until(std::unique_lock<std::mutex>& lk, const std::function<bool()>& done);
   bool all_idle() const;
 
@@ -115,10 +116,15 @@ class CpuCore : public DeviceCore {
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_;  // idle workers
-  std::condition_variable host_cv_;  // host threads in synchronize
+  // A host thread asleep in synchronize: woken only once its condition holds, so that completing an op does
+  // not wake (and steal a core for) a host thread whose stream is not done yet.
+  struct HostWaiter {
+    const std::function<bool()>* done;
+    std::condition_variable cv;
+  };
+  std::vector<HostWaiter*> host_waiters_;
   std::atomic<uint64_t> gen_{0};     // bumped on every scheduling change; idle workers spin on it
   int num_sleepers_ = 0;
-  int num_host_waiters_ = 0;
   int num_poll_heads_ = 0;  // ops in their poll phase: sleeping workers must wake up to poll them
   bool stop_ = false;
 

@@ -25,7 +25,8 @@ std::string describe_failure(const CpuStream& s, uint64_t seq, const std::string
 void CpuCore::bump() {
   gen_.fetch_add(1, std::memory_order_release);
   if (num_sleepers_ > 0) work_cv_.notify_all();
-  if (num_host_waiters_ > 0) host_cv_.notify_all();
+  for (HostWaiter* w : host_waiters_)
+    if ((*w->done)()) w->cv.notify_one();
 }
 
 void CpuCore::worker_main(int worker) {

@@ -168,6 +168,7 @@ struct FuzzOptions {
 struct CpuDeviceOptions {
   int num_workers = 0;  // 0: one per core
   int spin_us = 50;     // how long an idle worker spins before it sleeps
+  bool pin_workers = true;  // worker w on the w-th allowed CPU: each worker keeps a core of its own
   FuzzOptions fuzz;
 };
 
