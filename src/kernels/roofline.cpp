@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/cpu_affinity.h"
+
 namespace moe {
 
 namespace {
@@ -59,7 +61,8 @@ uint64_t read_generic(const char* p, size_t n) {
 }
 
 // Runs body(thread_index) on `threads` threads released together; returns the wall seconds until the
-// last one finishes. Thread start-up is outside the timed region.
+// last one finishes. Thread start-up is outside the timed region. Threads are pinned like the CPU device's
+// workers, so the figures are those the workers can reach.
 template <class Body>
 double timed_parallel(int threads, Body body) {
   std::atomic<bool> go{false};
@@ -71,6 +74,8 @@ double timed_parallel(int threads, Body body) {
       while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
       body(t);
     });
+  const std::vector<int> cpus = rt::allowed_cpus();
+  for (int t = 0; t < threads; ++t) rt::pin_thread(pool[static_cast<size_t>(t)].native_handle(), t, cpus);
   while (ready.load() < threads) std::this_thread::yield();
   const auto t0 = std::chrono::steady_clock::now();
   go.store(true, std::memory_order_release);

@@ -6,12 +6,11 @@
 // naming the stream, and synchronize() returns at once: the device drained all work when it was destroyed.
 #include "runtime/cpu_device.h"
 
-#include <pthread.h>
-#include <sched.h>
-
 #include <algorithm>
 #include <numeric>
 #include <stdexcept>
+
+#include "runtime/cpu_affinity.h"
 
 namespace moe::rt {
 
@@ -82,19 +81,8 @@ std::shared_ptr<CpuStream> CpuCore::create_stream(int priority, std::string name
 // cache-hot and does not migrate it), which halves the bandwidth of a decode step; pinned, each worker
 // owns a core and the host thread floats. Failure to pin (a restricted container) is harmless.
 void CpuCore::pin_workers() {
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
-  if (cpus.size() < 2) return;
-  for (int w = 0; w < num_workers_; ++w) {
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpus[static_cast<size_t>(w) % cpus.size()], &one);
-    pthread_setaffinity_np(workers_[static_cast<size_t>(w)].native_handle(), sizeof one, &one);
-  }
+  const std::vector<int> cpus = allowed_cpus();
+  for (int w = 0; w < num_workers_; ++w) pin_thread(workers_[static_cast<size_t>(w)].native_handle(), w, cpus);
 }
 
 // ---- enqueue -------------------------------------------------------------------------------------------

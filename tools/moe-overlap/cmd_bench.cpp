@@ -4,8 +4,9 @@
 // Honest measurement: every repetition uses a new input (so routing, and the experts read, change), the
 // caches are evicted before every timed call (a 256 MiB sweep; this machine keeps 64 MiB working sets in
 // cache), schedules are interleaved within a repetition so that each sees the same inputs and conditions, and
-// the bandwidth and peak are measured in the same process run.
+// the bandwidth and peak are measured in the same process run. Times are device times (see DeviceTimer).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <unistd.h>
 #include <cstdio>
@@ -50,20 +51,62 @@ double quantile(std::vector<double> v, double q) {
   return i + 1 < v.size() ? v[i] * (1 - f) + v[i + 1] * f : v[i];
 }
 
-// Reads every cache line of a buffer larger than the last-level cache, so the next call finds no weights there.
-class CacheEvictor {
- public:
-  explicit CacheEvictor(int64_t mib) : buf_(static_cast<size_t>(mib) << 20) {}
-  void evict() {
-    const auto* p = buf_.as<const volatile uint64_t>();
-    uint64_t acc = 0;
-    for (size_t i = 0; i < buf_.size() / 8; i += 8) acc += p[i];
-    sink_ = acc;
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void store_max(std::atomic<int64_t>& a, int64_t v) {
+  int64_t cur = a.load();
+  while (cur < v && !a.compare_exchange_weak(cur, v)) {
   }
+}
+
+// Device time of one call, as CUDA events around a kernel measure it: from the end of the operation ahead of
+// the call to the end of a stamp operation behind it, both timestamped by the workers. Ahead of the call runs
+// either a cache eviction (the workers read every line of a buffer far larger than the last-level cache, so
+// the call finds no weights there, as after the previous layer) or a gate the host opens once the whole call
+// is enqueued. Either way the host enqueues while the device is busy, as a serving loop does, and neither
+// worker wake-up nor host enqueue time is counted; the host's enqueue cost is reported on its own.
+class DeviceTimer {
+ public:
+  explicit DeviceTimer(int64_t evict_mib, int workers)
+      : evict_(static_cast<size_t>(evict_mib) << 20), num_tiles_(4 * workers) {}
+  bool evicts() const { return evict_.size() > 0; }
+
+  void begin(rt::Stream& s) {
+    start_ = 0;
+    end_ = 0;
+    open_ = false;
+    if (evicts()) {
+      s.launch({.name = "bench.evict", .num_tiles = num_tiles_, .tile = [this](int t) {
+                  const size_t words = evict_.size() / 8 / static_cast<size_t>(num_tiles_);
+                  const auto* p = evict_.as<const volatile uint64_t>() + static_cast<size_t>(t) * words;
+                  uint64_t acc = 0;
+                  for (size_t i = 0; i < words; i += 8) acc += p[i];
+                  sink_ += acc;
+                  store_max(start_, now_ns());
+                }});
+    } else {
+      s.launch({.name = "bench.gate", .num_tiles = 0, .poll = [this] {
+                  if (!open_.load()) return false;
+                  start_ = now_ns();
+                  return true;
+                }});
+    }
+  }
+  void end(rt::Stream& s) {
+    s.launch({.name = "bench.stamp", .num_tiles = 1, .tile = [this](int) { end_ = now_ns(); }});
+    open_ = true;
+  }
+  double us() const { return static_cast<double>(end_.load() - start_.load()) / 1e3; }
 
  private:
-  HostBuffer buf_;
-  volatile uint64_t sink_ = 0;
+  HostBuffer evict_;
+  const int num_tiles_;
+  std::atomic<int64_t> start_{0}, end_{0};
+  std::atomic<bool> open_{false};
+  std::atomic<uint64_t> sink_{0};
 };
 
 std::vector<Schedule> parse_schedules(const std::string& text) {
@@ -84,14 +127,16 @@ struct Samples {
 
 // The shared branch's own time: the union of its operations in traced serial forwards, median.
 double shared_alone_us(MoeLayer& layer, rt::Device& dev, const std::vector<float>& x, int64_t tokens, float* y,
-                       CacheEvictor* ev) {
+                       DeviceTimer& timer) {
   if (!layer.config().has_shared_expert() || tokens == 0) return 0;
   std::vector<double> v;
+  rt::Stream main = rt::current_stream(dev);
   for (int r = 0; r < 3; ++r) {
-    if (ev) ev->evict();
     dev.set_tracing(true);
+    timer.begin(main);
     layer.forward(x.data(), tokens, y, {.schedule = Schedule::kSerial});
-    rt::current_stream(dev).synchronize();
+    timer.end(main);
+    main.synchronize();
     dev.set_tracing(false);
     v.push_back(overlap_stats(dev.take_trace()).shared_us);
   }
@@ -114,15 +159,17 @@ void run_bench(const BenchOptions& o) {
   for (const std::string& n : m.notes) report.model += "\nnote: " + n;
   report.layer_bytes = m.config.layer_weight_bytes(m.weights.num_local_experts(),
                                                    static_cast<int64_t>(dtype_size(m.dtype)));
-  report.method = "median of " + std::to_string(o.repeats) + " repetitions after " + std::to_string(o.warmup) +
+  report.method = "device time (workers' timestamps around the call, host enqueue not counted), median of " +
+                  std::to_string(o.repeats) + " repetitions after " + std::to_string(o.warmup) +
                   " warm-up, a new input each repetition, schedules interleaved, " +
-                  (o.evict_mib > 0 ? "caches evicted before every call (" + std::to_string(o.evict_mib) + " MiB sweep)"
+                  (o.evict_mib > 0 ? "caches evicted by the workers before every call (" + std::to_string(o.evict_mib) +
+                                         " MiB sweep)"
                                    : "caches NOT evicted (--evict-mib 0): weights may be read from cache");
   const int64_t max_tokens = std::max<int64_t>(1, *std::max_element(token_counts.begin(), token_counts.end()));
   LayerOptions lo{.max_tokens = max_tokens};
   if (o.no_policy) lo.policy = OverlapPolicy::always();
   MoeLayer layer(m.config, m.weights, *dev, lo);
-  std::unique_ptr<CacheEvictor> ev = o.evict_mib > 0 ? std::make_unique<CacheEvictor>(o.evict_mib) : nullptr;
+  DeviceTimer timer(o.evict_mib, dev->num_workers());
   rt::Stream main = rt::current_stream(*dev);
   std::vector<float> y(static_cast<size_t>(max_tokens * m.config.hidden));
   std::vector<float> xbuf(y.size());  // graph mode replays read the captured input buffer
@@ -143,21 +190,21 @@ void run_bench(const BenchOptions& o) {
       std::copy(x.begin(), x.end(), xbuf.begin());
       for (size_t k = 0; k < variants.size(); ++k) {
         const size_t si = (k + static_cast<size_t>(r)) % variants.size();  // rotate the order per repetition
-        if (ev) ev->evict();
+        timer.begin(main);
         const auto t0 = std::chrono::steady_clock::now();
         if (variants[si].graph) layer.replay(graphs[si], xbuf.data(), t, y.data());
         else layer.forward(x.data(), t, y.data(), {.schedule = variants[si].schedule});
         const auto t1 = std::chrono::steady_clock::now();
+        timer.end(main);
         main.synchronize();
-        const auto t2 = std::chrono::steady_clock::now();
         if (r >= o.warmup) {
-          samples[si].us.push_back(std::chrono::duration<double, std::micro>(t2 - t0).count());
+          samples[si].us.push_back(timer.us());
           samples[si].host_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
         }
       }
     }
     const std::vector<float> x = random_activations(t, m.config.hidden, o.model.seed + 99);
-    const double shared_us = shared_alone_us(layer, *dev, x, t, y.data(), ev.get());
+    const double shared_us = shared_alone_us(layer, *dev, x, t, y.data(), timer);
     const double med_bytes = quantile(bytes, 0.5), med_flops = quantile(flops, 0.5);
     double serial_us = 0;
     for (size_t si = 0; si < variants.size(); ++si)
