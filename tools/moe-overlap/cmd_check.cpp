@@ -27,6 +27,11 @@ struct CheckOptions {
 // fp32 arithmetic against fp64 on the same weight values: the error grows with the reduction length.
 double tolerance(const MoeConfig& c) { return 1e-5 * std::max(1.0, std::sqrt(static_cast<double>(c.hidden) / 256.0)); }
 
+// Bitwise equality (NaN payloads and signed zeros included); safe for empty outputs (0 tokens).
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
 // One forward, eager or (graph) captured and replayed twice: the second replay must not depend on the first.
 std::vector<float> forward(rt::Device& dev, const MoeConfig& c, const LayerWeights& w, const std::vector<float>& x,
                            int64_t tokens, Schedule s, bool graph = false) {
@@ -69,13 +74,13 @@ class Checker {
     const Schedule overlapped[] = {Schedule::kDual, Schedule::kPhased};
     for (Schedule s : overlapped) {
       const std::vector<float> y = forward(*dev, c, w, x, t, s);
-      report(std::memcmp(y.data(), serial.data(), y.size() * 4) == 0,
+      report(same_bits(y, serial),
              at + " " + std::string(schedule_name(s)) + " bitwise == serial");
     }
     if (o_.graph)
       for (Schedule s : {Schedule::kSerial, Schedule::kDual, Schedule::kPhased}) {
         const std::vector<float> y = forward(*dev, c, w, x, t, s, /*graph=*/true);
-        report(std::memcmp(y.data(), serial.data(), y.size() * 4) == 0,
+        report(same_bits(y, serial),
                at + " " + std::string(schedule_name(s)) + " graph replay bitwise == eager serial");
       }
     if (o_.sanitize) {
@@ -97,7 +102,7 @@ class Checker {
         const rt::FuzzOutcome out = rt::run_fuzzed(
             [&](rt::Device& d) {
               const std::vector<float> y = forward(d, c, w, x, t, s, o_.graph);
-              if (std::memcmp(y.data(), serial.data(), y.size() * 4) != 0)
+              if (!same_bits(y, serial))
                 throw std::runtime_error("output differs from the unfuzzed serial run");
               return rt::bytes_of(y);
             },
