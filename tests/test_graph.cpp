@@ -139,29 +139,39 @@ TEST(Graph, ReplayIsOrderedOnTheLaunchingStream) {
   EXPECT_TRUE(after_saw_side.load());
 }
 
-// The trace of a replay shows the nodes under their original streams, and (stream fusion) a side node runs
-// on the other worker while a main node is in flight: the main node stays in flight until the side node is
-// done, bounded by a timeout only a scheduling bug reaches.
+// The trace of a replay shows the nodes under their original streams, and (stream fusion) the side node runs
+// on the other worker while the main node is in flight: each node waits until the other has started (a
+// rendezvous only concurrent execution passes; the timeout is reached only by a scheduling bug), so their
+// tile intervals must overlap.
 TEST(Graph, ReplayTraceShowsBothStreamsInterleaved) {
   auto dev = make_cpu_device({.num_workers = 2});
   Stream main = dev->default_stream();
   Stream side = dev->stream_for("11");
-  std::atomic<bool> side_done{false};
+  std::atomic<bool> routed_started{false}, shared_started{false}, timed_out{false};
+  auto rendezvous = [&](std::atomic<bool>& mine, std::atomic<bool>& other) {
+    mine = true;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!other.load()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        timed_out = true;
+        return;
+      }
+      std::this_thread::yield();
+    }
+  };
   begin_capture(main);
   Event fork, join;
   main.record(fork);
   side.wait(fork);
-  main.launch({.name = "routed", .num_tiles = 1, .tile = [&](int) {
-                 auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-                 while (!side_done.load() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
-               }});
-  side.launch({.name = "shared", .num_tiles = 1, .tile = [&](int) { side_done = true; }});
+  main.launch({.name = "routed", .num_tiles = 1, .tile = [&](int) { rendezvous(routed_started, shared_started); }});
+  side.launch({.name = "shared", .num_tiles = 1, .tile = [&](int) { rendezvous(shared_started, routed_started); }});
   side.record(join);
   main.wait(join);
   GraphExec exec = end_capture(main).instantiate();
   dev->set_tracing(true);
   exec.launch(main);
   main.synchronize();
+  EXPECT_FALSE(timed_out.load()) << "the two nodes never ran at the same time";
   Trace t = dev->take_trace();
   ASSERT_EQ(t.ops.size(), 2u);
   const OpRecord& routed = t.ops[0].name == "routed" ? t.ops[0] : t.ops[1];
@@ -174,8 +184,8 @@ TEST(Graph, ReplayTraceShowsBothStreamsInterleaved) {
   ASSERT_EQ(shared.tiles.size(), 1u);
   ASSERT_EQ(routed.tiles.size(), 1u);
   EXPECT_NE(shared.tiles[0].worker, routed.tiles[0].worker);
-  EXPECT_GE(shared.start_ns, routed.start_ns);
-  EXPECT_LE(shared.end_ns, routed.end_ns);
+  EXPECT_LT(shared.tiles[0].start_ns, routed.tiles[0].end_ns);
+  EXPECT_LT(routed.tiles[0].start_ns, shared.tiles[0].end_ns);
 }
 
 TEST(Graph, SameExecLaunchedOnTwoStreamsRunsOneReplayAtATime) {
