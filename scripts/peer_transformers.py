@@ -19,10 +19,14 @@ import statistics
 import struct
 import sys
 import time
+import warnings
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+# The weights are read-only views of the mapped checkpoint, as in moe-overlap; nothing here writes them.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 DTYPES = {"BF16": (np.uint16, torch.bfloat16), "F32": (np.float32, torch.float32), "F16": (np.float16, torch.float16)}
 
@@ -100,6 +104,13 @@ class MoeBlock:
         self.shared = Mlp(ck, shared) if ck.has(shared + ".gate_proj.weight") else None
         self.shared_gate = ck.get(p + ".shared_expert_gate.weight") if ck.has(p + ".shared_expert_gate.weight") else None
 
+    def upcast(self):
+        self.gate = self.gate.float()
+        for m in self.experts + ([self.shared] if self.shared is not None else []):
+            m.gate, m.up, m.down = m.gate.float(), m.up.float(), m.down.float()
+        if self.shared_gate is not None:
+            self.shared_gate = self.shared_gate.float()
+
     def route(self, x):
         logits = F.linear(x.float(), self.gate.float()) if not self.qwen else F.linear(x, self.gate)
         if self.qwen or self.type == "deepseek_v2":
@@ -154,6 +165,9 @@ def main():
     ap.add_argument("--input", help=".npy [tokens, hidden] float32: run once on it and write --output")
     ap.add_argument("--output")
     ap.add_argument("--json", help="write the timings here")
+    ap.add_argument("--compute-dtype", choices=["checkpoint", "float32"], default="checkpoint",
+                    help="checkpoint: run in the weights' dtype, as transformers does with torch_dtype=auto; "
+                         "float32: upcast the weights (the fp32 reference semantics moe-overlap computes)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     with open(os.path.join(a.model, "config.json")) as f:
@@ -164,7 +178,9 @@ def main():
         names = ck.where.keys() if ck.where is not None else ck._file("model.safetensors")[2].keys()
         layer = min(int(n.split(".")[2]) for n in names if n.endswith("mlp.gate.weight"))
     block = MoeBlock(ck, cfg, layer, a.experts)
-    dtype = block.gate.dtype if block.gate.dtype != torch.float32 else torch.float32
+    if a.compute_dtype == "float32":
+        block.upcast()
+    dtype = block.gate.dtype
     hidden = cfg["hidden_size"]
     if a.input:
         x = torch.from_numpy(np.load(a.input)).to(dtype)
