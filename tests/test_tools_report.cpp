@@ -1,0 +1,88 @@
+// The pieces of the tools that turn a trace into figures and files: overlap statistics, Chrome trace JSON,
+// the SVG timeline, and the all-or-nothing file writer.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "output_file.h"
+#include "overlap_stats.h"
+#include "trace_export.h"
+
+namespace moe::tools {
+namespace {
+
+rt::OpRecord op(int stream, const std::string& name, int64_t start_us, int64_t end_us, int worker = 0) {
+  rt::OpRecord r;
+  r.stream_id = stream;
+  r.stream_name = stream == 0 ? "main" : "11";
+  r.name = name;
+  r.enqueue_ns = 0;
+  r.start_ns = start_us * 1000;
+  r.end_ns = end_us * 1000;
+  r.tiles.push_back({0, worker, r.start_ns, r.end_ns});
+  return r;
+}
+
+rt::Trace sample_trace() {
+  rt::Trace t;
+  t.num_workers = 2;
+  t.ops = {op(0, "router", 0, 10), op(1, "shared_expert.gate_up", 5, 25, 1), op(0, "experts.gate_up", 12, 40),
+           op(1, "shared_expert.down", 30, 50, 1), op(0, "sum", 50, 52)};
+  t.edges.push_back({1, 2, 0, 9, 50'000});
+  return t;
+}
+
+TEST(OverlapStats, UnionsAndIntersectionOfTheTwoBranches) {
+  const OverlapStats s = overlap_stats(sample_trace());
+  EXPECT_DOUBLE_EQ(s.span_us, 52.0);
+  EXPECT_DOUBLE_EQ(s.shared_us, 20.0 + 20.0);
+  EXPECT_DOUBLE_EQ(s.routed_us, 10.0 + 28.0 + 2.0);
+  // shared [5,25] and [30,50] against routed [0,10], [12,40], [50,52]: 5 + 13 + 10.
+  EXPECT_DOUBLE_EQ(s.concurrent_us, 28.0);
+  EXPECT_DOUBLE_EQ(overlap_stats(rt::Trace{}).span_us, 0.0);
+}
+
+TEST(TraceExport, ChromeJsonHasOpsTilesFlowsAndLaneNames) {
+  const std::string path = (std::filesystem::temp_directory_path() / "moe-trace-test.json").string();
+  write_chrome_trace(sample_trace(), path);
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
+  int ops = 0, tiles = 0, flows = 0, names = 0;
+  for (const auto& e : j["traceEvents"]) {
+    const std::string ph = e["ph"];
+    if (ph == "X") (e["cat"] == "op" ? ops : tiles)++;
+    if (ph == "s" || ph == "f") ++flows;
+    if (ph == "M") ++names;
+  }
+  EXPECT_EQ(ops, 5);
+  EXPECT_EQ(tiles, 5);
+  EXPECT_EQ(flows, 2);
+  EXPECT_EQ(names, 2 + 2 + 2);  // two processes, two streams, two workers
+  std::filesystem::remove(path);
+}
+
+TEST(TraceExport, SvgTimelineHasALanePerStreamAndWorker) {
+  const std::string path = (std::filesystem::temp_directory_path() / "moe-trace-test.svg").string();
+  write_timeline_svg(sample_trace(), "a <title> & more", path);
+  std::ifstream in(path);
+  const std::string svg((std::istreambuf_iterator<char>(in)), {});
+  for (const char* s : {"stream 0 (main)", "stream 1 (11)", "worker 0", "worker 1", "a &lt;title&gt; &amp; more",
+                        "marker-end"})
+    EXPECT_NE(svg.find(s), std::string::npos) << s;
+  std::filesystem::remove(path);
+}
+
+TEST(OutputFile, AFailedWriteLeavesNothing) {
+  const std::string path = "/nonexistent-dir/out.json";
+  EXPECT_THROW(write_file_atomically(path, "x"), std::runtime_error);
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  try {
+    write_file_atomically(path, "x");
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace moe::tools
