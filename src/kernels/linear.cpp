@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu_features.h"
 #include "kernels/linear_isa.h"
 
 namespace moe {
@@ -58,16 +59,12 @@ std::string_view isa_name(Isa isa) {
 }
 
 bool isa_supported(Isa isa) {
-  __builtin_cpu_init();  // idempotent; needed if this runs from a static constructor before libgcc's
+  const CpuFeatures& f = cpu_features();
   switch (isa) {
     case Isa::kScalar: return true;
-    case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    case Isa::kAvx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("fma");
-    case Isa::kAvx512Bf16: return isa_supported(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16");
+    case Isa::kAvx2: return f.avx2 && f.fma && f.f16c;
+    case Isa::kAvx512: return f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.fma && f.f16c;
+    case Isa::kAvx512Bf16: return isa_supported(Isa::kAvx512) && f.avx512bf16;
   }
   return false;
 }

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cpu_features.h"
 #include "runtime/cpu_affinity.h"
 
 namespace moe {
@@ -21,8 +22,8 @@ namespace {
 constexpr int kPasses = 7;
 constexpr size_t kHugePage = size_t{2} << 20;
 
-bool has_avx512() { return __builtin_cpu_supports("avx512f"); }
-bool has_avx2_fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+bool has_avx512() { return cpu_features().avx512f; }
+bool has_avx2_fma() { return cpu_features().avx2 && cpu_features().fma; }
 
 // Four interleaved streams with software prefetch (the access pattern of the kernels' row blocks) and
 // plain sequential reads measure the same on one thread here; the interleaved form is kept because it
@@ -170,7 +171,7 @@ double measure_peak_gflops(int threads, PeakKind kind) {
   double flops_per_iter = 0;  // per thread, 12 chains
   float (*fn)(int64_t) = nullptr;
   if (kind == PeakKind::kBf16Dot) {
-    if (!has_avx512() || !__builtin_cpu_supports("avx512bf16")) return 0.0;
+    if (!has_avx512() || !cpu_features().avx512bf16) return 0.0;
     fn = dot_bf16, flops_per_iter = 12.0 * 16 * 4;
   } else if (has_avx512()) {
     fn = fma_avx512, flops_per_iter = 12.0 * 16 * 2;

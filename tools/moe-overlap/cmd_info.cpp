@@ -45,10 +45,11 @@ void run_info(const InfoOptions& o) {
   std::printf("  model_type            %s (%s scoring, %s top-k)\n", c.model_type.c_str(),
               c.scoring == Scoring::kSoftmax ? "softmax" : "sigmoid", topk_method_name(c.topk_method));
   std::printf("  hidden H              %lld\n", static_cast<long long>(c.hidden));
+  char scale[32] = "";
+  if (c.routed_scaling_factor != 1.0f) std::snprintf(scale, sizeof scale, ", scale %g", c.routed_scaling_factor);
   std::printf("  routed experts        %lld x SwiGLU [I=%lld], top-%lld%s%s\n", static_cast<long long>(c.num_experts),
               static_cast<long long>(c.moe_intermediate), static_cast<long long>(c.top_k),
-              c.norm_topk_prob ? ", renormalised" : "",
-              c.routed_scaling_factor != 1.0f ? (", scale " + std::to_string(c.routed_scaling_factor)).c_str() : "");
+              c.norm_topk_prob ? ", renormalised" : "", scale);
   if (c.n_group > 1)
     std::printf("  groups                %lld, keep %lld\n", static_cast<long long>(c.n_group),
                 static_cast<long long>(c.topk_group));
