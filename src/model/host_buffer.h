@@ -25,6 +25,7 @@ class HostBuffer {
 
  private:
   void* data_ = nullptr;
+  void* base_ = nullptr;  // the mapping (data_ == base_; kept apart so a move leaves both null)
   size_t size_ = 0;
   size_t mapped_ = 0;
 };
