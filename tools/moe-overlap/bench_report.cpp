@@ -19,13 +19,13 @@ std::string bench_table(const BenchReport& r) {
                 r.machine.cpu.c_str(), r.machine.threads, r.machine.read_gbps, r.machine.fp32_gflops,
                 r.machine.bf16_gflops, r.machine.isa.c_str());
   s << line;
-  std::snprintf(line, sizeof line, "%7s %-8s %10s %10s %10s %8s %9s %7s %8s %7s %8s %7s %6s\n", "tokens", "schedule",
+  std::snprintf(line, sizeof line, "%7s %-13s %10s %10s %10s %8s %9s %7s %8s %7s %8s %7s %6s\n", "tokens", "schedule",
                 "median_us", "p10_us", "p90_us", "MB_read", "GB/s", "of_bw", "GFLOP/s", "of_pk", "vs_serial",
                 "hidden", "exprt");
   s << line;
   for (const BenchResult& b : r.results) {
     std::string sched = b.schedule == b.effective ? b.schedule : b.schedule + "*";
-    std::snprintf(line, sizeof line, "%7lld %-8s %10.1f %10.1f %10.1f %8.1f %9.1f %6.0f%% %8.1f %6.1f%% %8.3fx %6.0f%% %6lld\n",
+    std::snprintf(line, sizeof line, "%7lld %-13s %10.1f %10.1f %10.1f %8.1f %9.1f %6.0f%% %8.1f %6.1f%% %8.3fx %6.0f%% %6lld\n",
                   static_cast<long long>(b.tokens), sched.c_str(), b.median_us, b.p10_us, b.p90_us,
                   static_cast<double>(b.bytes) / 1e6, b.gbps, 100 * b.bandwidth_fraction, b.gflops,
                   100 * b.peak_fraction, b.speedup_vs_serial, 100 * b.hidden_fraction,
