@@ -44,7 +44,7 @@ std::string bench_table(const BenchReport& r) {
   }
   bool fell_back = false;
   for (const BenchResult& b : r.results) fell_back |= b.schedule != b.effective;
-  if (fell_back) s << "* a policy ran this call serial (see --policy flags)\n";
+  if (fell_back) s << "* a policy ran this call serial (MOE_OVERLAP_TOKEN_THRESHOLD, decode-only...; --no-policy runs it as asked)\n";
   std::snprintf(line, sizeof line, "peak RSS %.1f MiB (layer weights %.1f MiB)\n",
                 static_cast<double>(r.peak_rss_bytes) / 1048576.0, static_cast<double>(r.layer_bytes) / 1048576.0);
   s << line;
@@ -107,7 +107,7 @@ void write_bench_svg(const BenchReport& r, const std::string& path) {
   for (double y = std::pow(10, std::floor(std::log10(ymin))); y <= ymax; y *= 10)
     if (y >= ymin)
       s << "<line x1='" << left << "' x2='" << left + w << "' y1='" << py(y) << "' y2='" << py(y)
-        << "' stroke='#eee'/><text x='5' y='" << py(y) + 4 << "'>" << y << " us</text>\n";
+        << "' stroke='#eee'/><text x='5' y='" << py(y) + 4 << "'>" << static_cast<long long>(y) << " us</text>\n";
   s << "<text x='" << left + w / 2 - 20 << "' y='" << top + h + 35 << "'>tokens</text>\n";
   const char* colours[] = {"#4e79a7", "#f28e2b", "#e15759", "#59a14f", "#b07aa1"};
   int i = 0;
