@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "layer/moe_layer.h"
+#include "layer_test_inputs.h"
 #include "layer/reference.h"
 #include "layer/tiny_configs.h"
 
@@ -25,18 +26,6 @@ constexpr bool kSanitized = true;
 #else
 constexpr bool kSanitized = false;
 #endif
-
-std::vector<float> random_input(int64_t tokens, int64_t hidden, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::vector<float> x(static_cast<size_t>(tokens * hidden));
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (float& v : x) {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    v = lo + (hi - lo) * static_cast<float>(s >> 40) / static_cast<float>(1 << 24);
-  }
-  return x;
-}
 
 rt::Device& device(int workers) {
   static std::map<int, std::unique_ptr<rt::Device>> devices;
@@ -94,7 +83,7 @@ TEST(Layer, MatchesReferenceEveryFamilyAndDtype) {
         const LayerWeights w = make_random_weights(c, {.dtype = dtype, .seed = seed});
         MoeLayer layer(c, w, device(2), test_options(64));
         const int64_t tokens = 33;
-        const auto x = random_input(tokens, c.hidden, seed + 100);
+        const auto x = random_input(tokens * c.hidden, seed + 100);
         const auto y = run(layer, x, tokens, Schedule::kSerial);
         const std::string what = tc.name + " " + std::string(dtype_name(dtype)) + " seed " + std::to_string(seed);
         EXPECT_LE(expect_close_to_reference(c, w, x, tokens, y, what), 2) << what;
@@ -108,7 +97,7 @@ TEST(Layer, ExpertParallelRankOutputsItsLocalExpertsOnly) {
     const MoeConfig& c = tc.config;
     const LayerWeights w = make_random_weights(c, {.dtype = DType::kBF16, .seed = 3, .num_local_experts = c.num_experts / 2});
     MoeLayer layer(c, w, device(2), test_options(64));
-    const auto x = random_input(40, c.hidden, 5);
+    const auto x = random_input(40 * c.hidden, 5);
     const auto serial = run(layer, x, 40, Schedule::kSerial);
     EXPECT_LE(expect_close_to_reference(c, w, x, 40, serial, tc.name + " half the experts"), 2);
     expect_bitwise(run(layer, x, 40, Schedule::kDual), serial, tc.name + " dual, half the experts");
@@ -144,7 +133,7 @@ TEST(Layer, SchedulesAndWorkerCountsAreBitwiseIdentical) {
       const LayerWeights w = make_random_weights(tc.config, {.dtype = DType::kBF16, .seed = seed});
       auto layers = layers_on_every_device(tc.config, w);
       for (int64_t tokens : token_counts()) {
-        const auto x = random_input(tokens, tc.config.hidden, seed * 1000 + static_cast<uint64_t>(tokens));
+        const auto x = random_input(tokens * tc.config.hidden, seed * 1000 + static_cast<uint64_t>(tokens));
         expect_schedules_bitwise(tc.config, w, x, tokens, layers, tc.name + " seed " + std::to_string(seed));
       }
     }
@@ -165,7 +154,7 @@ TEST(Layer, AllTokensToOneExpertAndEmptyExperts) {
     for (int64_t i = 0; i < c.hidden; ++i) router[3 * c.hidden + i] = 4.0f / static_cast<float>(c.hidden);
     auto layers = layers_on_every_device(c, w);
     for (int64_t tokens : {int64_t{1}, int64_t{100}, kSanitized ? int64_t{128} : int64_t{512}}) {
-      const auto x = random_input(tokens, c.hidden, 7, 0.1f, 1.0f);
+      const auto x = random_input(tokens * c.hidden, 7, 0.1f, 1.0f);
       const auto y = run(*layers[1], x, tokens, Schedule::kSerial);
       EXPECT_EQ(expect_close_to_reference(c, w, x, tokens, y, tc.name + " one expert"), 0);
       expect_schedules_bitwise(c, w, x, tokens, layers, tc.name + " one expert");
@@ -185,7 +174,7 @@ TEST(Layer, ExactScoreTiesFromDuplicateRouterRows) {
     }
     auto layers = layers_on_every_device(c, w);
     const int64_t tokens = 100;
-    const auto x = random_input(tokens, c.hidden, 8);
+    const auto x = random_input(tokens * c.hidden, 8);
     const auto y = run(*layers[1], x, tokens, Schedule::kSerial);
     EXPECT_LE(expect_close_to_reference(c, w, x, tokens, y, tc.name + " ties"), 2);
     expect_schedules_bitwise(c, w, x, tokens, layers, tc.name + " ties");

@@ -7,24 +7,13 @@
 #include <vector>
 
 #include "layer/moe_layer.h"
+#include "layer_test_inputs.h"
 #include "layer/tiny_configs.h"
 #include "runtime/declaration_check.h"
 #include "runtime/sanitizer.h"
 
 namespace moe {
 namespace {
-
-std::vector<float> random_input(int64_t n, uint64_t seed) {
-  std::vector<float> x(static_cast<size_t>(n));
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (float& v : x) {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    v = static_cast<float>(s >> 40) / static_cast<float>(1 << 23) - 1.0f;
-  }
-  return x;
-}
 
 LayerOptions always() { return {.max_tokens = 64, .policy = OverlapPolicy::always()}; }
 
