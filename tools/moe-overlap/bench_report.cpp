@@ -45,7 +45,7 @@ std::string bench_table(const BenchReport& r) {
   bool fell_back = false;
   for (const BenchResult& b : r.results) fell_back |= b.schedule != b.effective;
   if (fell_back) s << "* a policy ran this call serial (MOE_OVERLAP_TOKEN_THRESHOLD, decode-only...; --no-policy runs it as asked)\n";
-  std::snprintf(line, sizeof line, "peak RSS %.1f MiB (layer weights %.1f MiB)\n",
+  std::snprintf(line, sizeof line, "peak RSS %.1f MiB (layer weights %.1f MiB; also the eviction buffer and workspaces)\n",
                 static_cast<double>(r.peak_rss_bytes) / 1048576.0, static_cast<double>(r.layer_bytes) / 1048576.0);
   s << line;
   return s.str();

@@ -176,12 +176,14 @@ void run_bench(const BenchOptions& o) {
   }
   const std::vector<int64_t> token_counts = parse_token_list(o.tokens, "--tokens", 1 << 16);
   if (o.repeats < 1) throw std::invalid_argument("--repeats: expected >= 1");
+  auto dev = rt::make_cpu_device({.num_workers = o.threads});
+  BenchReport report;
+  // Before the weights exist: the probe's 1 GiB buffer is unmapped again, so the peak RSS reported below is
+  // the layer's own (weights, workspaces, the eviction buffer), not the probe's.
+  report.machine = measure_machine(dev->num_workers());
   LoadedModel m = load_model(o.model);
   const bool mapped = std::filesystem::is_directory(o.model.model);
   if (mapped) touch_pages(m.weights);
-  auto dev = rt::make_cpu_device({.num_workers = o.threads});
-  BenchReport report;
-  report.machine = measure_machine(dev->num_workers());
   report.model = m.label + ", layer " + std::to_string(m.layer) + ", " + std::string(dtype_name(m.dtype)) + " weights";
   for (const std::string& n : m.notes) report.model += "\nnote: " + n;
   report.layer_bytes = m.config.layer_weight_bytes(m.weights.num_local_experts(),
