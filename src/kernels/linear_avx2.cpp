@@ -16,6 +16,8 @@ struct Avx2 {
   // Register blocking: tokens per micro-block, and whether 6-row x 4-token blocks fit (16 registers).
   static constexpr int kTokens = 2;
   static constexpr bool kWideBlocks = false;
+  static constexpr int kPanelRows = 4;  // 16 registers: the 4-row panel blocks only
+  static constexpr int kPanelTokens = 2;
 
   static Reg zero() { return _mm256_setzero_ps(); }
   static Reg load(const float* p) { return _mm256_loadu_ps(p); }

@@ -15,6 +15,9 @@ struct Avx512 {
   // Register blocking: tokens per micro-block, and whether 6-row x 4-token blocks fit (32 registers).
   static constexpr int kTokens = 4;
   static constexpr bool kWideBlocks = true;
+  // Panel path (more than 4 tokens): rows sharing one converted panel, and tokens per micro-block there.
+  static constexpr int kPanelRows = 8;
+  static constexpr int kPanelTokens = 3;
   static __mmask16 tail_mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
 
   static Reg zero() { return _mm512_setzero_ps(); }
