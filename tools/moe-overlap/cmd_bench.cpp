@@ -134,18 +134,6 @@ void touch_pages(const LayerWeights& w) {
   keep.store(sink, std::memory_order_relaxed);
 }
 
-std::vector<Schedule> parse_schedules(const std::string& text) {
-  std::vector<Schedule> out;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    const size_t comma = text.find(',', pos);
-    out.push_back(parse_schedule(text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos)));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return out;
-}
-
 struct Samples {
   std::vector<double> us, host_us;
 };
@@ -170,7 +158,8 @@ double shared_alone_us(MoeLayer& layer, rt::Device& dev, const std::vector<float
 
 void run_bench(const BenchOptions& o) {
   std::vector<Variant> variants;
-  for (Schedule s : parse_schedules(o.schedules)) {
+  for (const std::string& name : split_list(o.schedules)) {
+    const Schedule s = parse_schedule(name);
     variants.push_back({s, false});
     if (o.graph) variants.push_back({s, true});
   }

@@ -35,11 +35,10 @@ void run_info(const InfoOptions& o) {
     const Preset& p = find_preset(o.model.model);
     c = p.config;
     label = "preset " + p.name + " (" + p.description + ")";
-    dtype = o.model.dtype == "auto" ? (c.fp8 ? DType::kF8E4M3 : DType::kBF16) : parse_dtype(o.model.dtype);
+    dtype = preset_dtype(o.model.dtype, c);
   }
   const int64_t local = o.model.experts < 0 ? c.num_experts : std::min(o.model.experts, c.num_experts);
   const int64_t es = static_cast<int64_t>(dtype_size(dtype));
-  const bool fp8 = dtype == DType::kF8E4M3;
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
   std::printf("%s\n", label.c_str());
   std::printf("  model_type            %s (%s scoring, %s top-k)\n", c.model_type.c_str(),
@@ -67,7 +66,7 @@ void run_info(const InfoOptions& o) {
   std::printf("  layer weights         %.2f GiB (%lld of %lld experts)\n",
               static_cast<double>(c.layer_weight_bytes(local, es)) / gib, static_cast<long long>(local),
               static_cast<long long>(c.num_experts));
-  const ForwardCost d = decode_token_cost(c, es, fp8);
+  const ForwardCost d = decode_token_cost(c, dtype);
   std::printf("  touched per decode    %.1f MiB, %.1f MFLOP (arithmetic intensity %.2f flop/byte)\n",
               static_cast<double>(d.weight_bytes) / mib, d.flops / 1e6, d.flops / static_cast<double>(d.weight_bytes));
   const MachineFigures m = cached_machine(threads);

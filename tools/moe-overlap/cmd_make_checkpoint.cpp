@@ -36,7 +36,7 @@ void run_make(const MakeOptions& o) {
   if (o.experts) c.num_experts = o.experts;
   if (o.top_k) c.top_k = o.top_k;
   if (c.n_group > 1 && c.num_experts % c.n_group != 0) c.n_group = c.topk_group = 1;
-  const DType dtype = o.dtype == "auto" ? (c.fp8 ? DType::kF8E4M3 : DType::kBF16) : parse_dtype(o.dtype);
+  const DType dtype = preset_dtype(o.dtype, c);
   c.fp8 = dtype == DType::kF8E4M3;
   c.validate();
   CheckpointOptions co;

@@ -50,13 +50,11 @@ ForwardCost forward_cost(const MoeConfig& c, const LayerWeights& w, const float*
   return cost;
 }
 
-ForwardCost decode_token_cost(const MoeConfig& c, int64_t dtype_bytes, bool fp8) {
-  auto matrix = [&](int64_t rows, int64_t cols) {
-    int64_t b = rows * cols * dtype_bytes;
-    if (fp8) b += ((rows + 127) / 128) * ((cols + 127) / 128) * 4;
-    return b;
+ForwardCost decode_token_cost(const MoeConfig& c, DType dtype) {
+  auto matrix = [&](int64_t rows, int64_t cols) {  // WeightView::bytes counts fp8 block scales too
+    return WeightView{.dtype = dtype, .rows = rows, .cols = cols}.bytes();
   };
-  const int64_t router_bytes = c.num_experts * c.hidden * (dtype_bytes == 4 ? 4 : 2);
+  const int64_t router_bytes = c.num_experts * c.hidden * (dtype == DType::kF32 ? 4 : 2);  // never fp8
   const int64_t expert = 2 * matrix(c.moe_intermediate, c.hidden) + matrix(c.hidden, c.moe_intermediate);
   const int64_t shared = c.has_shared_expert()
                              ? 2 * matrix(c.shared_intermediate, c.hidden) + matrix(c.hidden, c.shared_intermediate)

@@ -21,7 +21,7 @@ struct ForwardCost {
 ForwardCost forward_cost(const MoeConfig& config, const LayerWeights& weights, const float* x, int64_t tokens);
 
 // The cost of one decode token when all its k experts are local, from the config alone (bytes per weight
-// element `dtype_bytes`; fp8 adds its block scales).
-ForwardCost decode_token_cost(const MoeConfig& config, int64_t dtype_bytes, bool fp8);
+// element of `dtype`; fp8 adds its block scales, and the router is bf16 unless dtype is f32).
+ForwardCost decode_token_cost(const MoeConfig& config, DType dtype);
 
 }  // namespace moe::tools

@@ -66,12 +66,23 @@ DType parse_dtype(const std::string& name) {
   throw std::invalid_argument("--dtype: expected bf16, f32 or fp8, got '" + name + "'");
 }
 
+DType preset_dtype(const std::string& flag, const MoeConfig& config) {
+  if (flag == "auto") return config.fp8 ? DType::kF8E4M3 : DType::kBF16;
+  return parse_dtype(flag);
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  for (size_t comma; (comma = text.find(',', pos)) != std::string::npos; pos = comma + 1)
+    out.push_back(text.substr(pos, comma - pos));
+  out.push_back(text.substr(pos));
+  return out;
+}
+
 std::vector<int64_t> parse_token_list(const std::string& text, const std::string& flag, int64_t max) {
   std::vector<int64_t> out;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    const size_t comma = text.find(',', pos);
-    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+  for (const std::string& item : split_list(text)) {
     size_t used = 0;
     int64_t v = -1;
     try {
@@ -83,8 +94,6 @@ std::vector<int64_t> parse_token_list(const std::string& text, const std::string
       throw std::invalid_argument(flag + ": expected comma-separated token counts in [0, " + std::to_string(max) +
                                   "], got '" + text + "'");
     out.push_back(v);
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
   }
   return out;
 }
@@ -124,7 +133,7 @@ LoadedModel load_model(const ModelOptions& o) {
     m.layer = o.layer < 0 ? first_moe_layer(m.config) : o.layer;
     if (!m.config.is_moe_layer(m.layer))
       throw std::invalid_argument("--layer " + std::to_string(m.layer) + ": not an MoE layer of " + preset->name);
-    m.dtype = o.dtype == "auto" ? (m.config.fp8 ? DType::kF8E4M3 : DType::kBF16) : parse_dtype(o.dtype);
+    m.dtype = preset_dtype(o.dtype, m.config);
     m.config.fp8 = m.dtype == DType::kF8E4M3;
     const int64_t local = o.experts < 0 ? m.config.num_experts : o.experts;
     if (local < 1 || local > m.config.num_experts)

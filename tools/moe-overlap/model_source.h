@@ -35,6 +35,11 @@ LoadedModel load_model(const ModelOptions& options);
 
 // Accepts bf16 | f32 | fp8.
 DType parse_dtype(const std::string& name);
+// The --dtype of a preset: "auto" is the model's own (fp8 for fp8 presets, else bf16), anything else parsed.
+DType preset_dtype(const std::string& flag, const MoeConfig& config);
+
+// "a,b,c" -> {"a", "b", "c"} (an empty item stays, so that the caller rejects it).
+std::vector<std::string> split_list(const std::string& text);
 
 // Parses "1,2,8" into token counts; throws naming `flag` on anything else (or a count outside [0, max]).
 std::vector<int64_t> parse_token_list(const std::string& text, const std::string& flag, int64_t max);
