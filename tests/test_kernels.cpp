@@ -96,7 +96,7 @@ void check_against_reference(DType dt, int64_t M, int64_t N, int64_t K, int64_t 
   constexpr float kSentinel = -12345.0f;
   std::vector<float> y(static_cast<size_t>(M * ldy), kSentinel);
   linear(x.data(), M, ldx, w.view, n0, n1, y.data(), ldy);
-  const bool bf16_inputs = active_isa() == Isa::kAvx512Bf16 && dt == DType::kBF16;
+  const bool bf16_inputs = active_isa() == Isa::kAvx512Bf16 && dt != DType::kF32;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < ldy; ++n) {
       const float got = y[m * ldy + n];
@@ -128,6 +128,29 @@ TEST_P(KernelIsa, Fp8BlockScalesAcrossBlocks) {
   // Several 128x128 scale blocks in both directions, a range that starts inside the second row block.
   check_against_reference(DType::kF8E4M3, 6, 300, 391, 0, 300);
   check_against_reference(DType::kF8E4M3, 2, 300, 391, 130, 261);
+  check_against_reference(DType::kF8E4M3, 7, 20, 1100, 0, 20);  // several 512-column panels and a tail
+}
+
+// Every fp8 code through the kernel: token m is the one-hot x selecting column m of a single row that holds
+// code m, with a power-of-two scale, so y[m] is fp8(m) * scale exactly on every path. (The two NaN codes
+// would make every token NaN, 0 * NaN; they are zero here and have their own test below.)
+TEST_P(KernelIsa, Fp8DecodesEveryCodeExactly) {
+  constexpr int64_t K = 256;
+  std::vector<uint8_t> codes(K);
+  for (int64_t c = 0; c < K; ++c) codes[c] = (c & 0x7f) == 0x7f ? 0 : static_cast<uint8_t>(c);
+  const float scale = 0.25f, scales[2] = {scale, scale};  // two 128-column blocks
+  WeightView w;
+  w.dtype = DType::kF8E4M3;
+  w.rows = 1;
+  w.cols = K;
+  w.data = codes.data();
+  w.scale_inv = scales;
+  std::vector<float> x(K * K, 0.0f), y(K, -1.0f);
+  for (int64_t m = 0; m < K; ++m) x[m * K + m] = 1.0f;
+  for (int64_t M : {int64_t{1}, K}) {  // one token (decoded as read) and all (decoded into panels)
+    for (int64_t m = 0; m < K; m += M) linear(x.data() + m * K, M, K, w, 0, 1, y.data() + m, 1);
+    for (int64_t c = 0; c < K; ++c) EXPECT_EQ(y[c], fp8e4m3_to_f32(codes[c]) * scale) << "code " << c << " M=" << M;
+  }
 }
 
 TEST_P(KernelIsa, LongRowsAtDecodeShapes) {
@@ -137,9 +160,10 @@ TEST_P(KernelIsa, LongRowsAtDecodeShapes) {
 
 // The determinism contract: each row's bits are the same alone, in any batch, in any row range.
 TEST_P(KernelIsa, RowBitsIndependentOfBatchAndRange) {
-  constexpr int64_t M = 37, N = 23, K = 259;
-  for (DType dt : kDTypes) {
-    SCOPED_TRACE(dtype_name(dt));
+  constexpr int64_t M = 37, N = 23;
+  for (auto [dt, K] : {std::pair{DType::kF32, int64_t{259}}, {DType::kBF16, int64_t{259}},
+                       {DType::kF8E4M3, int64_t{259}}, {DType::kF8E4M3, int64_t{1100}}}) {
+    SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " K=" << K);
     const TestWeight w = make_weight(dt, N, K, 99);
     const std::vector<float> x = make_x(M, K, 7);
     std::vector<float> full(M * N);
@@ -192,7 +216,7 @@ TEST_P(KernelIsa, GateUpSiluEqualsUnfusedBitwise) {
 }
 
 // The bf16-dot path rounds x to bf16: it agrees with the exact avx512 path within that error, and it is
-// really a different path (some bits differ) for bf16 weights, identical for the others.
+// really a different path (some bits differ) for bf16 and fp8 weights, identical for f32.
 TEST_P(KernelIsa, Bf16DotPathStaysWithinItsBound) {
   if (GetParam() != Isa::kAvx512Bf16) GTEST_SKIP() << "only for avx512bf16";
   constexpr int64_t M = 9, N = 21, K = 2050;
@@ -205,7 +229,7 @@ TEST_P(KernelIsa, Bf16DotPathStaysWithinItsBound) {
     linear(x.data(), M, K, w.view, 0, N, exact.data(), N);
     set_active_isa(Isa::kAvx512Bf16);
     const bool same = std::memcmp(dot.data(), exact.data(), dot.size() * sizeof(float)) == 0;
-    EXPECT_EQ(same, dt != DType::kBF16) << dtype_name(dt);
+    EXPECT_EQ(same, dt == DType::kF32) << dtype_name(dt);
     double err = 0, norm = 0;
     for (size_t i = 0; i < dot.size(); ++i) {
       err += std::fabs(dot[i] - exact[i]);

@@ -15,7 +15,7 @@ void linear_avx2(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
                  int64_t ldy);
 void linear_avx512(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
                    int64_t ldy);
-// bf16 weights via vdpbf16ps (x rounded to bf16); other dtypes forward to linear_avx512.
+// bf16 and fp8 weights via vdpbf16ps (x rounded to bf16); f32 weights forward to linear_avx512.
 void linear_avx512bf16(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1,
                        float* y, int64_t ldy);
 

@@ -3,6 +3,8 @@
 // The grid is (row tile, column block) with row tiles sized for the worst case (max_row_tiles); each tile
 // looks up its (expert, row0, row1) in the table dispatch wrote and returns at once past its end, so an
 // expert that received nothing costs nothing and the tile count does not depend on the routing.
+#include <algorithm>
+
 #include "kernels/linear.h"
 #include "layer/dispatch.h"
 #include "layer/ops/ops.h"
@@ -22,10 +24,19 @@ inline bool lookup(const RoutedBuffers& b, int64_t row_tile, RowTile* out) {
   return true;
 }
 
+// The tile count must not depend on the routing (graphs replay it), but the column split should fit the
+// work that will probably arrive: with one expert-parallel rank's share (E_l of E experts) only about
+// pairs * E_l / E pairs are local, so a decode step may bring one or two busy experts; were the columns
+// split for the worst case (every pair local), those few experts would be a tile or two each and one
+// worker would do it all (measured: DeepSeek-V3 with 64 of 256 experts ran at 42-54% of the bandwidth).
 Grid expert_grid(const Context& c, int64_t cols) {
   const int64_t pairs = c.tokens * c.config->top_k;
-  const int64_t row_tiles = max_row_tiles(pairs, c.weights->num_local_experts());
-  return make_grid(row_tiles, kExpertRowsPerTile, row_tiles * kExpertRowsPerTile, cols, c.num_workers);
+  const int64_t local = c.weights->num_local_experts();
+  const int64_t row_tiles = max_row_tiles(pairs, local);
+  const int64_t experts = std::max<int64_t>(c.config->num_experts, local);
+  const int64_t local_pairs = (pairs * local + experts - 1) / experts;
+  return make_grid(row_tiles, kExpertRowsPerTile, row_tiles * kExpertRowsPerTile, cols, c.num_workers,
+                   max_row_tiles(local_pairs, local));
 }
 
 void add_plan_reads(rt::Op& op, const Context& c) {

@@ -68,7 +68,8 @@ struct Context {
 };
 
 // A 2-D tiling of an [rows, cols] output: row blocks of `row_block`, and enough column blocks to give
-// about 4 tiles per worker (columns never narrower than kMinCols).
+// about 4 busy tiles per worker (columns never narrower than kMinCols). `busy_row_blocks` is how many row
+// blocks are expected to hold work (the rest return at once); by default all of them.
 struct Grid {
   int64_t rows = 0, row_block = 1, cols = 0, col_block = 1;
   int64_t num_row_blocks = 0, num_col_blocks = 1;
@@ -84,7 +85,8 @@ struct Grid {
   }
 };
 inline constexpr int64_t kMinCols = 16;
-Grid make_grid(int64_t row_blocks, int64_t row_block, int64_t rows, int64_t cols, int num_workers);
+Grid make_grid(int64_t row_blocks, int64_t row_block, int64_t rows, int64_t cols, int num_workers,
+               int64_t busy_row_blocks = -1);
 
 rt::Op make_check_input_op(const Context& c);
 rt::Op make_router_op(const Context& c);
