@@ -64,7 +64,7 @@ bool isa_supported(Isa isa) {
     case Isa::kScalar: return true;
     case Isa::kAvx2: return f.avx2 && f.fma && f.f16c;
     case Isa::kAvx512: return f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.fma && f.f16c;
-    case Isa::kAvx512Bf16: return isa_supported(Isa::kAvx512) && f.avx512bf16 && f.avx512vbmi;  // vpermi2b: fp8
+    case Isa::kAvx512Bf16: return isa_supported(Isa::kAvx512) && f.avx512bf16;
   }
   return false;
 }
