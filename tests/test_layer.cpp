@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/linear.h"
 #include "layer/moe_layer.h"
 #include "layer_test_inputs.h"
 #include "layer/reference.h"
@@ -47,7 +48,8 @@ std::vector<float> run(MoeLayer& layer, const std::vector<float>& x, int64_t tok
 
 // Compares y with the reference; returns how many tokens were skipped for a near-tie.
 int64_t expect_close_to_reference(const MoeConfig& c, const LayerWeights& w, const std::vector<float>& x,
-                                  int64_t tokens, const std::vector<float>& y, const std::string& what) {
+                                  int64_t tokens, const std::vector<float>& y, const std::string& what,
+                                  double tolerance = 1e-5) {
   std::vector<ReferenceRoute> routes;
   const std::vector<double> ref = reference_forward(c, w, x.data(), tokens, &routes);
   double scale = 1e-30;
@@ -63,7 +65,7 @@ int64_t expect_close_to_reference(const MoeConfig& c, const LayerWeights& w, con
     for (int64_t i = 0; i < c.hidden; ++i)
       err = std::max(err, std::abs(static_cast<double>(y[static_cast<size_t>(t * c.hidden + i)]) -
                                    ref[static_cast<size_t>(t * c.hidden + i)]));
-    EXPECT_LE(err, 1e-5 * scale) << what << " token " << t << " (output scale " << scale << ")";
+    EXPECT_LE(err, tolerance * scale) << what << " token " << t << " (output scale " << scale << ")";
   }
   return skipped;
 }
@@ -135,6 +137,33 @@ TEST(Layer, SchedulesAndWorkerCountsAreBitwiseIdentical) {
       for (int64_t tokens : token_counts()) {
         const auto x = random_input(tokens * tc.config.hidden, seed * 1000 + static_cast<uint64_t>(tokens));
         expect_schedules_bitwise(tc.config, w, x, tokens, layers, tc.name + " seed " + std::to_string(seed));
+      }
+    }
+  }
+}
+
+// The opt-in bf16-dot kernels (expert matrices with x rounded to bf16; router and shared gate in fp32):
+// every schedule and worker count still gives the bits of serial, and the output stays within that
+// rounding of the fp64 reference (2^-9 relative per product, accumulated: 1e-2 of the output scale).
+TEST(Layer, Bf16DotKernelsKeepTheScheduleContract) {
+  if (!isa_supported(Isa::kAvx512Bf16)) GTEST_SKIP() << "no avx512_bf16 on this CPU";
+  struct Restore {
+    Isa saved = active_isa();
+    ~Restore() { set_active_isa(saved); }
+  } restore;
+  set_active_isa(Isa::kAvx512Bf16);
+  for (const TinyConfig& tc : tiny_configs()) {
+    for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
+      MoeConfig c = tc.config;
+      c.fp8 = dtype == DType::kF8E4M3;
+      const LayerWeights w = make_random_weights(c, {.dtype = dtype, .seed = 21});
+      auto layers = layers_on_every_device(c, w);
+      const std::string what = tc.name + " " + std::string(dtype_name(dtype)) + " avx512bf16";
+      for (int64_t tokens : {1, 7, 33}) {
+        const auto x = random_input(tokens * c.hidden, 500 + static_cast<uint64_t>(tokens));
+        expect_schedules_bitwise(c, w, x, tokens, layers, what);
+        const auto y = run(*layers[0], x, tokens, Schedule::kSerial);
+        EXPECT_LE(expect_close_to_reference(c, w, x, tokens, y, what, 1e-2), 2) << what;
       }
     }
   }

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "kernels/linear.h"
 #include "io/npy.h"
 
 namespace fs = std::filesystem;
@@ -104,6 +105,7 @@ TEST_F(Cli, BadInputsFailWithOneLineAndNoOutput) {
   std::ofstream(path("broken/config.json")) << R"({"model_type": "qwen3_next", "hidden_size": "wide"})";
   expect_error("run --model " + path("broken"), "hidden_size");
   expect_error("run --model qwen3-next-80b-a3b --experts 9999", "--experts");
+  expect_error("run --model " + model() + " --isa sse9", "--isa");
 }
 
 TEST_F(Cli, CheckPassesOnTheCheckpointAndTinyFamilies) {
@@ -112,6 +114,15 @@ TEST_F(Cli, CheckPassesOnTheCheckpointAndTinyFamilies) {
   EXPECT_NE(r.out.find(" 0 failed"), std::string::npos) << r.out;
   r = run("check --tiny --tokens 2");
   EXPECT_EQ(r.status, 0) << r.out;
+  // The opt-in bf16-dot kernels: still bitwise across schedules, within their rounding of the reference.
+  r = run("check --model " + model() + " --tokens 1,4 --isa avx512bf16");
+  if (isa_supported(Isa::kAvx512Bf16)) {
+    EXPECT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("tolerance 1.0e-02"), std::string::npos) << r.out;
+  } else {
+    EXPECT_NE(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("--isa avx512bf16"), std::string::npos) << r.out;
+  }
 }
 
 TEST_F(Cli, BenchWritesTableJsonAndPlot) {

@@ -105,6 +105,12 @@ void linear(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t
   linear_from_n0(x, M, ldx, w, n0, n1, y + n0, ldy);
 }
 
+void linear_exact(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                  int64_t ldy) {
+  if (active_isa() != Isa::kAvx512Bf16) return linear(x, M, ldx, w, n0, n1, y, ldy);
+  if (M > 0 && n1 > n0) detail::linear_avx512(x, M, ldx, w, n0, n1, y + n0, ldy);
+}
+
 void silu_mul(const float* g, const float* u, float* h, int64_t n) {
   for (int64_t i = 0; i < n; ++i) h[i] = silu(g[i]) * u[i];
 }

@@ -26,6 +26,12 @@ bool isa_supported(Isa isa);
 void linear(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
             int64_t ldy);
 
+// linear() with fp32 activations whatever the active ISA: the opt-in avx512bf16 path (x rounded to bf16)
+// falls back to avx512 here. For the router and the shared-expert gate, whose few outputs decide the
+// routing and must not flip on a rounding of x (DeepSeek-V3 and SGLang compute the gate in fp32, too).
+void linear_exact(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                  int64_t ldy);
+
 // h[m * ldh + i] = silu(x . gate[i]) * (x . up[i])  for m in [0, M), i in [i0, i1).
 // Bitwise equal to linear() of gate and up followed by silu_mul().
 void gate_up_silu(const float* x, int64_t M, int64_t ldx, const WeightView& gate, const WeightView& up,

@@ -169,6 +169,7 @@ void run_bench(const BenchOptions& o) {
   BenchReport report;
   // Before the weights exist: the probe's 1 GiB buffer is unmapped again, so the peak RSS reported below is
   // the layer's own (weights, workspaces, the eviction buffer), not the probe's.
+  apply_kernel_isa(o.model.isa);  // the report names the kernels' ISA
   report.machine = measure_machine(dev->num_workers());
   LoadedModel m = load_model(o.model);
   const bool mapped = std::filesystem::is_directory(o.model.model);
@@ -243,7 +244,8 @@ void run_bench(const BenchOptions& o) {
       b.gbps = b.median_us > 0 ? med_bytes / (b.median_us * 1e3) : 0;
       b.bandwidth_fraction = report.machine.read_gbps > 0 ? b.gbps / report.machine.read_gbps : 0;
       b.gflops = b.median_us > 0 ? med_flops / (b.median_us * 1e3) : 0;
-      b.peak_fraction = report.machine.kernel_peak_gflops() > 0 ? b.gflops / report.machine.kernel_peak_gflops() : 0;
+      const double peak = report.machine.kernel_peak_gflops(m.dtype);
+      b.peak_fraction = peak > 0 ? b.gflops / peak : 0;
       b.speedup_vs_serial = serial_us > 0 && b.median_us > 0 ? serial_us / b.median_us : 0;
       b.shared_alone_us = shared_us;
       b.hidden_fraction = shared_us > 0 && serial_us > 0 ? (serial_us - b.median_us) / shared_us : 0;

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "kernels/dtype.h"
+
 namespace moe::tools {
 
 struct MachineFigures {
@@ -18,8 +20,11 @@ struct MachineFigures {
   std::string isa;          // the kernels' active instruction set
   bool cached = false;      // read from the cache rather than measured now
 
-  // The peak of the arithmetic the kernels use for `weight dtype` (fp32 FMA on converted weights).
-  double kernel_peak_gflops() const { return fp32_gflops; }
+  // The peak of the arithmetic the kernels use for expert weights of `weights`: the bf16 dot product on
+  // the avx512bf16 path (bf16 and fp8 weights), else fp32 FMA on exactly converted weights.
+  double kernel_peak_gflops(DType weights) const {
+    return isa == "avx512bf16" && weights != DType::kF32 ? bf16_gflops : fp32_gflops;
+  }
   nlohmann::json to_json() const;
 };
 

@@ -1,4 +1,4 @@
-// "router": fp32 logits [T, E] = x W_router^T.
+// "router": fp32 logits [T, E] = x W_router^T, with fp32 activations on every kernel path (linear_exact).
 #include "kernels/linear.h"
 #include "layer/ops/ops.h"
 
@@ -18,7 +18,7 @@ rt::Op make_router_op(const Context& c) {
   op.tile = [=](int tile) {
     const Grid::Cell cell = grid.cell(tile);
     if (cell.r0 >= cell.r1) return;
-    linear(x + cell.r0 * h, cell.r1 - cell.r0, h, w, cell.c0, cell.c1, logits + cell.r0 * e, e);
+    linear_exact(x + cell.r0 * h, cell.r1 - cell.r0, h, w, cell.c0, cell.c1, logits + cell.r0 * e, e);
   };
   op.accesses = {rt::reads(x, static_cast<size_t>(t * h) * 4), rt::writes(logits, static_cast<size_t>(t * e) * 4)};
   return op;

@@ -28,7 +28,7 @@ rt::Op make_shared_gate_op(const Context& c) {
   rt::Op op{.name = "shared_gate", .num_tiles = static_cast<int>((t + kTokensPerTile - 1) / kTokensPerTile)};
   op.tile = [=](int tile) {
     const int64_t t0 = tile * kTokensPerTile, t1 = std::min(t0 + kTokensPerTile, t);
-    linear(x + t0 * h, t1 - t0, h, w, 0, 1, gate + t0, 1);
+    linear_exact(x + t0 * h, t1 - t0, h, w, 0, 1, gate + t0, 1);
     for (int64_t i = t0; i < t1; ++i) gate[i] = sigmoid(gate[i]);
   };
   op.accesses = {rt::reads(x, static_cast<size_t>(t * h) * 4), rt::writes(gate, static_cast<size_t>(t) * 4)};
