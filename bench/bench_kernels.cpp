@@ -6,8 +6,8 @@
 // read bandwidth measured at start-up with the same number of threads.
 // Prefill (M = 512, 2048): GFLOP/s on one matrix (in cache, as in a blocked expert GEMM), the threads
 // splitting its rows; peak_frac = achieved / the fp32-FMA peak measured at start-up (the kernels use fp32
-// FMA on exactly converted weights; vs the bf16-dot peak for the avx512bf16 path on bf16 weights).
-// The second argument is the ISA (0 scalar, 1 avx2, 2 avx512, 3 avx512bf16 = vdpbf16ps on bf16 weights);
+// FMA on exactly converted weights; vs the bf16-dot peak for the avx512bf16 path on bf16 and fp8 weights).
+// The second argument is the ISA (0 scalar, 1 avx2, 2 avx512, 3 avx512bf16 = vdpbf16ps on bf16/fp8 weights);
 // set MOE_KERNEL_ISA to pin one instead.
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
@@ -124,8 +124,8 @@ void prefill(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
     flops += 2.0 * static_cast<double>(M * (n1 - n0) * cols);
   }
   state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
-  // The peak of the instruction the kernel runs: vdpbf16ps for bf16 weights on avx512bf16, else fp32 FMA.
-  const bool dot = moe::active_isa() == moe::Isa::kAvx512Bf16 && dt == DType::kBF16;
+  // The peak of the instruction the kernel runs: vdpbf16ps for bf16/fp8 weights on avx512bf16, else fp32 FMA.
+  const bool dot = moe::active_isa() == moe::Isa::kAvx512Bf16 && dt != DType::kF32;
   const double peak = (dot ? g_peak_bf16 : g_peak_f32)[state.threads()];
   state.counters["peak_frac"] = benchmark::Counter(flops / (peak * 1e9), benchmark::Counter::kIsRate);
 }
