@@ -271,6 +271,15 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
     const float* xm = x + m0 * ldx;
     float* ym = y + m0 * ldy;
     int64_t n = n0;
+    // 1-2 tokens on rows of 4 KiB or more (bf16 K >= 2048): 2 rows at a time. Fewer, longer streams keep
+    // the hardware prefetchers locked on (one thread, weights from DRAM: 0.86-0.89 of the read bandwidth
+    // against 0.76-0.77 with 8 or 4 rows); shorter rows and fp8 keep the wider blocks below.
+    if (mc <= 2 && D != DType::kF8E4M3 && w.cols * static_cast<int64_t>(dtype_size(D)) >= 4096) {
+      if (mc == 1)
+        for (; n + 2 <= n1; n += 2) micro_kernel<V, D, 2, 1>(xm, ldx, w, n, ym + (n - n0), ldy);
+      else
+        for (; n + 2 <= n1; n += 2) micro_kernel<V, D, 2, 2>(xm, ldx, w, n, ym + (n - n0), ldy);
+    }
     if (mc == 1)  // one token: more rows in flight to cover the FMA latency
       for (; n + 8 <= n1; n += 8) micro_kernel<V, D, 8, 1>(xm, ldx, w, n, ym + (n - n0), ldy);
     // 4 tokens: 6 rows x 4 tokens fills 24 of 32 registers (measured ~10% faster than 4 x 4 for bf16 on
