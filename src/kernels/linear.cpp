@@ -115,20 +115,23 @@ void silu_mul(const float* g, const float* u, float* h, int64_t n) {
   for (int64_t i = 0; i < n; ++i) h[i] = silu(g[i]) * u[i];
 }
 
-// gate and up go through linear() into small stack tiles (no allocation), then silu_mul(): bitwise the
-// same as the unfused sequence by construction. Tiles of 32 tokens x 64 rows keep the row block of both
-// matrices in cache while all tokens of the tile pass over it.
+// gate and up go through linear() into stack tiles (no allocation), then silu_mul(): bitwise the same as
+// the unfused sequence by construction. A tile holds up to 32 tokens and 2048 / tokens rows, at least 64:
+// with many tokens the row block of both matrices stays in cache while all of them pass over it; with
+// few, each matrix is streamed in long runs (one token: 2048 rows, a whole Qwen3-Next expert, where
+// 64-row runs alternating between gate and up restarted the memory streams 16 times per expert).
 void gate_up_silu(const float* x, int64_t M, int64_t ldx, const WeightView& gate, const WeightView& up,
                   int64_t i0, int64_t i1, float* h, int64_t ldh) {
-  constexpr int64_t kTokens = 32, kRows = 64;
-  float g[kTokens * kRows], u[kTokens * kRows];
+  constexpr int64_t kTokens = 32, kTileFloats = 2048;
+  float g[kTokens * 64], u[kTokens * 64];  // mt * rows <= max(32 * 64, kTileFloats)
   for (int64_t m0 = 0; m0 < M; m0 += kTokens) {
     const int64_t mt = std::min(kTokens, M - m0);
-    for (int64_t r0 = i0; r0 < i1; r0 += kRows) {
-      const int64_t r1 = std::min(i1, r0 + kRows);
-      linear_from_n0(x + m0 * ldx, mt, ldx, gate, r0, r1, g, kRows);
-      linear_from_n0(x + m0 * ldx, mt, ldx, up, r0, r1, u, kRows);
-      for (int64_t m = 0; m < mt; ++m) silu_mul(g + m * kRows, u + m * kRows, h + (m0 + m) * ldh + r0, r1 - r0);
+    const int64_t rows = std::max<int64_t>(64, kTileFloats / mt);
+    for (int64_t r0 = i0; r0 < i1; r0 += rows) {
+      const int64_t r1 = std::min(i1, r0 + rows);
+      linear_from_n0(x + m0 * ldx, mt, ldx, gate, r0, r1, g, rows);
+      linear_from_n0(x + m0 * ldx, mt, ldx, up, r0, r1, u, rows);
+      for (int64_t m = 0; m < mt; ++m) silu_mul(g + m * rows, u + m * rows, h + (m0 + m) * ldh + r0, r1 - r0);
     }
   }
 }

@@ -275,11 +275,11 @@ void linear_avx512bf16(const float* x, int64_t M, int64_t ldx, const WeightView&
       int64_t n = s0;
       // 1-2 tokens, memory-bound: fewer, longer row streams keep the hardware prefetchers locked on
       // (one thread, weights from DRAM: bf16 rows of 4 KiB read at 0.86-0.89 of the bandwidth 2 rows at a
-      // time against 0.79 with 8; 1 KiB rows best 4 at a time, 0.84). fp8 rows decode 8 at a time.
-      if (mc <= 2 && fp8)
-        for (; n + 8 <= s1; n += 8) row_block<8>(xb, kpad, mc, w, n, dec, ym + n, ldy);
-      if (mc <= 2 && K * 2 >= 4096)
+      // time against 0.79 with 8); shorter rows and fp8 go 8 at a time.
+      if (mc <= 2 && !fp8 && K * 2 >= 4096)
         for (; n + 2 <= s1; n += 2) row_block<2>(xb, kpad, mc, w, n, dec, ym + n, ldy);
+      if (mc <= 2)
+        for (; n + 8 <= s1; n += 8) row_block<8>(xb, kpad, mc, w, n, dec, ym + n, ldy);
       for (; n + 4 <= s1; n += 4) row_block<4>(xb, kpad, mc, w, n, dec, ym + n, ldy);
       for (; n < s1; ++n) row_block<1>(xb, kpad, mc, w, n, dec, ym + n, ldy);
       s0 = s1;
