@@ -155,11 +155,14 @@ inline constexpr int64_t kPanelCols = 512;  // a multiple of kScaleBlock
 // Tokens x[0 .. T) against panel columns [c0, c1) of R converted rows; the accumulators live in acc_mem
 // ([T][R][kLanes]) between panels, stored and reloaded unchanged, so the per-lane sequence is the same as
 // in micro_kernel.
+// pf .. pf_end (may be empty): bytes of the next row block to stream in, spread over the k steps (a burst
+// of them at the panel's start overflows the miss buffers and is partly dropped).
 template <class V, int R, int T>
 void micro_panel(const float* x, int64_t ldx, const float (*panel)[kPanelCols], int64_t c0, int64_t c1,
-                 float* acc_mem) {
+                 float* acc_mem, const char* pf = nullptr, const char* pf_end = nullptr) {
   using Reg = typename V::Reg;
   constexpr int L = V::kLanes;
+  const int64_t pf_step = pf < pf_end ? ((pf_end - pf + 63) / 64 * L + (c1 - c0) - 1) / (c1 - c0) * 64 : 0;
   Reg acc[R][T];
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t)
@@ -169,6 +172,7 @@ void micro_panel(const float* x, int64_t ldx, const float (*panel)[kPanelCols], 
   // The T token vectors stay live and each panel row is loaded as it is used (L1), so R x T accumulators
   // plus T + 1 registers fit the register file even for R = 8.
   for (; k + L <= c1; k += L) {
+    for (const char* to = std::min(pf + pf_step, pf_end); pf < to; pf += 64) V::prefetch(pf);
     Reg xv[T];
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) xv[t] = V::load(x + t * ldx + k);
@@ -216,7 +220,8 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
   for (int64_t i = 0; i < M * R * L; ++i) acc_mem[i] = 0.0f;
   for (int64_t c0 = 0; c0 < K; c0 += kPanelCols) {
     const int64_t c1 = std::min(K, c0 + kPanelCols);
-    for (const char* p = next + c0 * kColBytes; p < std::min(next + c1 * kColBytes, end); p += 64) V::prefetch(p);
+    const char* pf = std::min(next + c0 * kColBytes, end);
+    const char* pf_end = std::min(next + c1 * kColBytes, end);
     for (int64_t kb = c0; kb < c1; kb += kScaleBlock) {
       const int64_t kend = std::min(c1, kb + kScaleBlock);
       for (int r = 0; r < R; ++r) {
@@ -231,11 +236,13 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
     }
     constexpr int kT = R > 4 ? V::kPanelTokens : V::kTokens;
     int64_t t = 0;
-    for (; t + kT <= M; t += kT) micro_panel<V, R, kT>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L);
+    // The first micro-block streams the next row block's share of this panel in.
+    for (; t + kT <= M; t += kT, pf = pf_end)
+      micro_panel<V, R, kT>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, pf_end);
     switch (M - t) {
-      case 3: micro_panel<V, R, 3>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L); break;
-      case 2: micro_panel<V, R, 2>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L); break;
-      case 1: micro_panel<V, R, 1>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L); break;
+      case 3: micro_panel<V, R, 3>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, pf_end); break;
+      case 2: micro_panel<V, R, 2>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, pf_end); break;
+      case 1: micro_panel<V, R, 1>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, pf_end); break;
       default: break;
     }
   }
