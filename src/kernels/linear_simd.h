@@ -156,7 +156,7 @@ inline constexpr int64_t kPanelCols = 512;  // a multiple of kScaleBlock
 // ([T][R][kLanes]) between panels, stored and reloaded unchanged, so the per-lane sequence is the same as
 // in micro_kernel.
 // pf .. pf_end (may be empty): bytes of the next row block to stream in, spread over the k steps (a burst
-// of them at the panel's start overflows the miss buffers and is partly dropped).
+// of them at the panel's start measured slower: it overflows the miss buffers).
 template <class V, int R, int T>
 void micro_panel(const float* x, int64_t ldx, const float (*panel)[kPanelCols], int64_t c0, int64_t c1,
                  float* acc_mem, const char* pf = nullptr, const char* pf_end = nullptr) {
@@ -235,10 +235,15 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
       }
     }
     constexpr int kT = R > 4 ? V::kPanelTokens : V::kTokens;
+    // Each micro-block streams in its share of the next row block's part of this panel, so the reads
+    // run at an even rate under all of the panel's FMAs (bf16, one thread, 16 tokens: 249 -> 193 us per
+    // 512x2048 matrix; Qwen3-Next prefill of 512 tokens: 161 -> 145 ms). fp8 leaves it all to the first
+    // micro-block, measured 3-5% better for its heavier conversion.
+    const int64_t blocks = D == DType::kF8E4M3 ? 1 : (M + kT - 1) / kT;
+    const int64_t share = ((pf_end - pf) / 64 + blocks - 1) / blocks * 64;
     int64_t t = 0;
-    // The first micro-block streams the next row block's share of this panel in.
-    for (; t + kT <= M; t += kT, pf = pf_end)
-      micro_panel<V, R, kT>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, pf_end);
+    for (; t + kT <= M; t += kT, pf = std::min(pf + share, pf_end))
+      micro_panel<V, R, kT>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, std::min(pf + share, pf_end));
     switch (M - t) {
       case 3: micro_panel<V, R, 3>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, pf_end); break;
       case 2: micro_panel<V, R, 2>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, pf_end); break;
