@@ -139,6 +139,15 @@ struct Prefetch {
     const char* to = std::min(next + c1 * bytes_per_col, end);
     for (const char* p = next + c0 * bytes_per_col; p < to; p += 64) _mm_prefetch(p, _MM_HINT_T0);
   }
+  // Slice `part` of `parts` of the bytes, streamed over the same `cols` columns: passes over the same rows
+  // each stream a share, so the reads run at an even rate under all of the block's work.
+  Prefetch share(int64_t part, int64_t parts, int64_t cols) const {
+    if (!next || parts <= 1 || cols <= 0) return *this;
+    const int64_t slice = (cols * bytes_per_col / 64 + parts - 1) / parts * 64;
+    const char* from = next + part * slice;
+    if (from >= end) return {};
+    return {from, std::min(end, from + slice), (slice + cols - 1) / cols};
+  }
 };
 
 // acc[r][t] over columns [0, K) of rows S (R of them) against T bf16 x rows (zero past K, up to a whole
@@ -189,13 +198,13 @@ void micro(const uint16_t* xb, int64_t ldxb, const S& w, int64_t K, const Prefet
 }
 
 // All mc tokens against R rows, in passes of up to kMaxPassTokens tokens (later passes re-read the rows
-// from L1/L2); only the first pass prefetches.
+// from L1/L2); each pass streams its share of the next row block.
 template <int R, class S>
 void passes(const uint16_t* xb, int64_t ldxb, int64_t mc, const S& w, int64_t K, const Prefetch& pf,
             float* acc_mem, float* y, int64_t ldy) {
-  const Prefetch none;
+  const int64_t num_passes = (mc + kMaxPassTokens - 1) / kMaxPassTokens;
   for (int64_t t = 0; t < mc; t += kMaxPassTokens) {
-    const Prefetch& p = t == 0 ? pf : none;
+    const Prefetch p = pf.share(t / kMaxPassTokens, num_passes, K);
     const uint16_t* xt = xb + t * ldxb;
     float* at = acc_mem ? acc_mem + t * R * 16 : nullptr;
     float* yt = y + t * ldy;
