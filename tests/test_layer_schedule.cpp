@@ -240,8 +240,61 @@ TEST(Policy, EnvironmentDefaults) {
   EXPECT_EQ(p.token_threshold, 256);
 }
 
+// `auto` takes the tuning table's schedule for the call's token count, then the policies apply; without a
+// table it runs serial and says why. Whatever it picks, the output is serial's, bit for bit.
+TEST(Policy, AutoFollowsTheTuningTable) {
+  const TuningTable t{{{1, Schedule::kDual}, {8, Schedule::kPhased}, {64, Schedule::kSerial}}};
+  EXPECT_EQ(t.pick(0), Schedule::kDual);  // below every entry: the first one
+  EXPECT_EQ(t.pick(7), Schedule::kDual);
+  EXPECT_EQ(t.pick(8), Schedule::kPhased);
+  EXPECT_EQ(t.pick(63), Schedule::kPhased);
+  EXPECT_EQ(t.pick(1000), Schedule::kSerial);
+  EXPECT_EQ(TuningTable{}.pick(5), Schedule::kSerial);
+
+  const MoeConfig c = tiny("glm4_moe");
+  const ScheduleDecision d = decide_schedule(c, OverlapPolicy::always(), Schedule::kAuto, 4, false, &t);
+  EXPECT_EQ(d.schedule, Schedule::kDual);
+  EXPECT_NE(d.reason.find("auto: dual"), std::string::npos) << d.reason;
+  const ScheduleDecision none = decide_schedule(c, OverlapPolicy::always(), Schedule::kAuto, 4, false, nullptr);
+  EXPECT_EQ(none.schedule, Schedule::kSerial);
+  EXPECT_NE(none.reason.find("tuning table"), std::string::npos) << none.reason;
+  const OverlapPolicy small{.multi_stream = true, .decode_only = true, .token_threshold = 16};
+  const ScheduleDecision capped = decide_schedule(c, small, Schedule::kAuto, 32, false, &t);
+  EXPECT_EQ(capped.schedule, Schedule::kSerial);
+  EXPECT_NE(capped.reason.find("auto: phased"), std::string::npos) << capped.reason;
+  EXPECT_NE(capped.reason.find("token threshold"), std::string::npos) << capped.reason;
+
+  auto dev = rt::make_cpu_device({.num_workers = 2});
+  const LayerWeights w = make_random_weights(c, {.seed = 8});
+  MoeLayer tuned(c, w, *dev, {.max_tokens = 64, .policy = OverlapPolicy::always(), .tuning = t});
+  for (int64_t tokens : {1, 8, 64}) {
+    EXPECT_EQ(tuned.effective_schedule({.schedule = Schedule::kAuto}, tokens).schedule, t.pick(tokens)) << tokens;
+    const auto x = random_input(tokens * c.hidden, 40 + static_cast<uint64_t>(tokens));
+    std::vector<float> serial(x.size()), chosen(x.size());
+    tuned.forward(x.data(), tokens, serial.data(), {.schedule = Schedule::kSerial});
+    tuned.forward(x.data(), tokens, chosen.data(), {.schedule = Schedule::kAuto});
+    dev->default_stream().synchronize();
+    EXPECT_EQ(0, std::memcmp(serial.data(), chosen.data(), serial.size() * sizeof(float))) << tokens;
+  }
+}
+
+TEST(Policy, MalformedTuningTablesAreRejectedNamingTheEntry) {
+  const TuningTable repeated{{{8, Schedule::kDual}, {8, Schedule::kPhased}}};
+  try {
+    repeated.validate();
+    ADD_FAILURE() << "repeated token counts must be rejected";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("entry 1"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((TuningTable{{{1, Schedule::kAuto}}}.validate()), std::invalid_argument);
+  auto dev = rt::make_cpu_device({.num_workers = 1});
+  const MoeConfig c = tiny("glm4_moe");
+  const LayerWeights w = make_random_weights(c, {.seed = 9});
+  EXPECT_THROW(MoeLayer(c, w, *dev, {.max_tokens = 8, .tuning = repeated}), std::invalid_argument);
+}
+
 TEST(Policy, ScheduleNames) {
-  for (Schedule s : {Schedule::kSerial, Schedule::kDual, Schedule::kPhased})
+  for (Schedule s : {Schedule::kSerial, Schedule::kDual, Schedule::kPhased, Schedule::kAuto})
     EXPECT_EQ(parse_schedule(schedule_name(s)), s);
   EXPECT_THROW(parse_schedule("fused2"), std::invalid_argument);
 }

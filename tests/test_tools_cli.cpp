@@ -140,6 +140,22 @@ TEST_F(Cli, BenchWritesTableJsonAndPlot) {
   EXPECT_NE(r.out.find("host time per call"), std::string::npos) << r.out;
 }
 
+// bench --tune writes the fastest schedule per token count; --schedule auto --tuning FILE runs it.
+TEST_F(Cli, BenchTunesAndAutoFollows) {
+  Result r = run("bench --model " + model() + " --tokens 1,4 --repeats 2 --warmup 1 --evict-mib 0 --tune " +
+                 path("tune.json"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(path("tune.json")));
+  ASSERT_EQ(j["table"].size(), 2u);
+  EXPECT_EQ(j["table"][1]["tokens"].get<int64_t>(), 4);
+  r = run("run --model " + model() + " --tokens 4 --schedule auto --tuning " + path("tune.json"));
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("auto: " + j["table"][1]["schedule"].get<std::string>()), std::string::npos) << r.out;
+  std::ofstream(path("bad-tune.json")) << R"({"table": [{"tokens": 1, "schedule": "fastest"}]})";
+  expect_error("run --model " + model() + " --tokens 4 --schedule auto --tuning " + path("bad-tune.json"),
+               "bad-tune.json: table[0].schedule");
+}
+
 TEST_F(Cli, TraceWritesChromeJsonAndTimeline) {
   const Result r = run("trace --model " + model() + " --tokens 3 --schedule phased --out " + path("t.json") +
                        " --svg " + path("t.svg"));

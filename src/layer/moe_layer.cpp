@@ -63,6 +63,7 @@ MoeLayer::MoeLayer(const MoeConfig& config, const LayerWeights& weights, rt::Dev
     : config_(config), weights_(weights), device_(device), options_(std::move(options)) {
   config_.validate();
   weights_.validate(config_);
+  options_.tuning.validate();
   if (options_.max_tokens < 1)
     throw ConfigError("LayerOptions.max_tokens must be >= 1, got " + std::to_string(options_.max_tokens));
   if (config_.has_shared_expert()) side_ = device_.stream_for(options_.side_stream_tag, options_.side_priority);
@@ -96,7 +97,7 @@ MoeLayer::~MoeLayer() {
 }
 
 ScheduleDecision MoeLayer::effective_schedule(const ForwardOptions& options, int64_t tokens) const {
-  return decide_schedule(config_, options_.policy, options.schedule, tokens, options.prefill);
+  return decide_schedule(config_, options_.policy, options.schedule, tokens, options.prefill, &options_.tuning);
 }
 
 ops::Context MoeLayer::context(const float* x, int64_t tokens, float* y) const {
@@ -182,6 +183,7 @@ void MoeLayer::enqueue(Schedule s, const ops::Context& c, rt::Stream& main, bool
     case Schedule::kSerial: enqueue_serial(c, main, check); break;
     case Schedule::kDual: enqueue_dual(c, main, check, ev); break;
     case Schedule::kPhased: enqueue_phased(c, main, check, ev); break;
+    case Schedule::kAuto: throw std::logic_error("MoeLayer::enqueue: kAuto must be resolved by decide_schedule");
   }
 }
 

@@ -44,6 +44,7 @@ struct LayerOptions {
   OverlapPolicy policy = OverlapPolicy::from_env();   // when multi-stream schedules fall back to serial
   std::string side_stream_tag = "11";
   int side_priority = rt::kPriorityDefault;
+  TuningTable tuning;  // resolves Schedule::kAuto; empty: auto runs serial
 };
 
 struct ForwardOptions {

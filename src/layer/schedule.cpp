@@ -10,14 +10,33 @@ std::string_view schedule_name(Schedule s) {
     case Schedule::kSerial: return "serial";
     case Schedule::kDual: return "dual";
     case Schedule::kPhased: return "phased";
+    case Schedule::kAuto: return "auto";
   }
   return "?";
 }
 
 Schedule parse_schedule(std::string_view name) {
-  for (Schedule s : {Schedule::kSerial, Schedule::kDual, Schedule::kPhased})
+  for (Schedule s : {Schedule::kSerial, Schedule::kDual, Schedule::kPhased, Schedule::kAuto})
     if (schedule_name(s) == name) return s;
-  throw std::invalid_argument("unknown schedule '" + std::string(name) + "' (expected serial, dual or phased)");
+  throw std::invalid_argument("unknown schedule '" + std::string(name) + "' (expected serial, dual, phased or auto)");
+}
+
+Schedule TuningTable::pick(int64_t tokens) const {
+  if (entries.empty()) return Schedule::kSerial;
+  Schedule s = entries.front().second;
+  for (const auto& [t, schedule] : entries)
+    if (t <= tokens) s = schedule;
+  return s;
+}
+
+void TuningTable::validate() const {
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::string at = "tuning entry " + std::to_string(i) + " (" + std::to_string(entries[i].first) + " tokens)";
+    if (entries[i].second == Schedule::kAuto) throw std::invalid_argument(at + ": schedule 'auto' cannot be an entry");
+    if (entries[i].first < 0) throw std::invalid_argument(at + ": token count must be >= 0");
+    if (i > 0 && entries[i].first <= entries[i - 1].first)
+      throw std::invalid_argument(at + ": token counts must be strictly ascending");
+  }
 }
 
 namespace {
@@ -46,7 +65,16 @@ OverlapPolicy OverlapPolicy::from_env() {
 OverlapPolicy OverlapPolicy::always() { return {.multi_stream = true, .decode_only = false, .token_threshold = 0}; }
 
 ScheduleDecision decide_schedule(const MoeConfig& config, const OverlapPolicy& policy, Schedule requested,
-                                 int64_t tokens, bool prefill) {
+                                 int64_t tokens, bool prefill, const TuningTable* tuning) {
+  if (requested == Schedule::kAuto) {
+    if (tuning == nullptr || tuning->empty())
+      return {Schedule::kSerial, "auto without a tuning table (moe-overlap bench --tune FILE measures one)"};
+    requested = tuning->pick(tokens);
+    ScheduleDecision d = decide_schedule(config, policy, requested, tokens, prefill, nullptr);
+    const std::string chose = "auto: " + std::string(schedule_name(requested)) + " from the tuning table";
+    d.reason = d.reason.empty() ? chose : chose + ", then " + d.reason;
+    return d;
+  }
   if (requested == Schedule::kSerial) return {Schedule::kSerial, ""};
   if (!config.has_shared_expert())
     return {Schedule::kSerial, "model_type " + config.model_type + " has no shared expert: nothing to overlap"};

@@ -7,22 +7,38 @@
 //   phased: form B. The shared expert in three segments, each released by a wait on an event recorded on the
 //           main stream: (shared_gate + gate_up) during top-k/dispatch, act during the expert compute, down
 //           during the combine; join before the sum.
+//   auto:   the schedule a tuning table measured fastest on this machine for the call's token count
+//           (`moe-overlap bench --tune FILE` writes one); serial when the layer has none.
 // All schedules run the same operations with the same reduction orders: the output is bitwise identical.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "model/config.h"
 
 namespace moe {
 
-enum class Schedule : uint8_t { kSerial, kDual, kPhased };
+enum class Schedule : uint8_t { kSerial, kDual, kPhased, kAuto };
 
 std::string_view schedule_name(Schedule s);
-// Accepts "serial", "dual", "phased"; throws std::invalid_argument listing them otherwise.
+// Accepts "serial", "dual", "phased", "auto"; throws std::invalid_argument listing them otherwise.
 Schedule parse_schedule(std::string_view name);
+
+// The fastest schedule per token count, measured on this machine (`moe-overlap bench --tune FILE`).
+struct TuningTable {
+  std::vector<std::pair<int64_t, Schedule>> entries;  // strictly ascending token counts; never kAuto
+
+  bool empty() const { return entries.empty(); }
+  // The entry at the largest token count <= tokens, or the first one below them all; serial when empty.
+  Schedule pick(int64_t tokens) const;
+  // Throws std::invalid_argument naming the entry when the counts are not strictly ascending or an entry
+  // is kAuto.
+  void validate() const;
+};
 
 // When a multi-stream schedule falls back to serial. Every field is an explicit argument; from_env() only
 // supplies the defaults:
@@ -46,8 +62,9 @@ struct ScheduleDecision {
   std::string reason;  // why it differs from the request; empty when it does not
 };
 
-// The schedule a call actually runs. A model without a shared expert (qwen3_moe) always runs serial.
+// The schedule a call actually runs: kAuto is resolved through `tuning` (may be null) first, then the
+// policies apply. A model without a shared expert (qwen3_moe) always runs serial.
 ScheduleDecision decide_schedule(const MoeConfig& config, const OverlapPolicy& policy, Schedule requested,
-                                 int64_t tokens, bool prefill);
+                                 int64_t tokens, bool prefill, const TuningTable* tuning = nullptr);
 
 }  // namespace moe

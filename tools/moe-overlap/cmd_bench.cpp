@@ -19,6 +19,7 @@
 #include "layer_cost.h"
 #include "model/host_buffer.h"
 #include "model_source.h"
+#include "tuning_file.h"
 #include "output_file.h"
 #include "overlap_stats.h"
 
@@ -33,7 +34,7 @@ struct BenchOptions {
   int threads = 0, repeats = 10, warmup = 2;
   int64_t evict_mib = 256;
   bool no_policy = false, graph = false;
-  std::string json, svg;
+  std::string json, svg, tune;
 };
 
 // One thing timed: a schedule, run eagerly or as a replayed graph.
@@ -171,6 +172,7 @@ void run_bench(const BenchOptions& o) {
   // the layer's own (weights, workspaces, the eviction buffer), not the probe's.
   apply_kernel_isa(o.model.isa);  // the report names the kernels' ISA
   report.machine = measure_machine(dev->num_workers());
+  reset_peak_rss();  // the probe's buffer is gone: the peak reported below is the layer's own
   LoadedModel m = load_model(o.model);
   const bool mapped = std::filesystem::is_directory(o.model.model);
   if (mapped) touch_pages(m.weights);
@@ -186,7 +188,7 @@ void run_bench(const BenchOptions& o) {
                                    : "caches NOT evicted (--evict-mib 0): weights may be read from cache") +
                   (mapped ? ", checkpoint pages mapped once before timing (a serving process's steady state)" : "");
   const int64_t max_tokens = std::max<int64_t>(1, *std::max_element(token_counts.begin(), token_counts.end()));
-  LayerOptions lo{.max_tokens = max_tokens};
+  LayerOptions lo{.max_tokens = max_tokens, .tuning = read_tuning_file(o.model.tuning)};
   if (o.no_policy) lo.policy = OverlapPolicy::always();
   MoeLayer layer(m.config, m.weights, *dev, lo);
   DeviceTimer timer(o.evict_mib, dev->num_workers());
@@ -257,6 +259,7 @@ void run_bench(const BenchOptions& o) {
   std::fputs(bench_table(report).c_str(), stdout);
   if (!o.json.empty()) write_file_atomically(o.json, bench_json(report).dump(1));
   if (!o.svg.empty()) write_bench_svg(report, o.svg);
+  if (!o.tune.empty()) write_tuning_file(o.tune, report);
 }
 
 }  // namespace
@@ -276,6 +279,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--no-policy", o->no_policy, "run exactly the requested schedules (ignore the token threshold etc.)");
   cmd->add_option("--json", o->json, "write the results as JSON");
   cmd->add_option("--svg", o->svg, "write a plot of latency vs tokens");
+  cmd->add_option("--tune", o->tune, "write the fastest schedule per token count: the table --schedule auto reads");
   cmd->callback([o] { run_bench(*o); });
 }
 

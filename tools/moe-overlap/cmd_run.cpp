@@ -8,6 +8,7 @@
 #include "io/npy.h"
 #include "layer/moe_layer.h"
 #include "model_source.h"
+#include "tuning_file.h"
 
 namespace moe::tools {
 
@@ -38,7 +39,8 @@ void run_run(const RunOptions& o) {
   }
   std::vector<float> y(static_cast<size_t>(tokens * h));
   auto dev = rt::make_cpu_device({.num_workers = o.threads});
-  MoeLayer layer(m.config, m.weights, *dev, {.max_tokens = std::max<int64_t>(tokens, 1)});
+  MoeLayer layer(m.config, m.weights, *dev,
+                 {.max_tokens = std::max<int64_t>(tokens, 1), .tuning = read_tuning_file(o.model.tuning)});
   const ForwardOptions fo{.schedule = schedule, .prefill = o.prefill, .check_input = true};
   const ScheduleDecision d = layer.effective_schedule(fo, tokens);
   const auto t0 = std::chrono::steady_clock::now();
@@ -78,8 +80,8 @@ void add_run_command(CLI::App& app) {
       ->check(CLI::ExistingFile)
       ->excludes(tokens);
   cmd->add_option("--output", o->output, "write the output [tokens, hidden] float32 here (.npy or .safetensors)");
-  cmd->add_option("--schedule", o->schedule, "serial, dual or phased")
-      ->check(CLI::IsMember({"serial", "dual", "phased"}))
+  cmd->add_option("--schedule", o->schedule, "serial, dual, phased, or auto (the --tuning table's choice)")
+      ->check(CLI::IsMember({"serial", "dual", "phased", "auto"}))
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "worker threads (default: one per core)");
   cmd->add_flag("--prefill", o->prefill, "mark the call as prefill (stays serial under the decode-only policy)");

@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "layer/moe_layer.h"
 #include "model_source.h"
+#include "tuning_file.h"
 #include "overlap_stats.h"
 #include "trace_export.h"
 
@@ -27,7 +28,8 @@ void run_trace(const TraceOptions& o) {
   const std::vector<float> x = random_activations(o.tokens, m.config.hidden, o.model.seed);
   std::vector<float> y(x.size());
   auto dev = rt::make_cpu_device({.num_workers = o.threads});
-  MoeLayer layer(m.config, m.weights, *dev, {.max_tokens = std::max<int64_t>(o.tokens, 1)});
+  MoeLayer layer(m.config, m.weights, *dev,
+                 {.max_tokens = std::max<int64_t>(o.tokens, 1), .tuning = read_tuning_file(o.model.tuning)});
   const ForwardOptions fo{.schedule = schedule, .prefill = o.prefill};
   rt::Stream main = rt::current_stream(*dev);
   LayerGraph graph;
@@ -66,8 +68,8 @@ void add_trace_command(CLI::App& app) {
   add_model_options(cmd, o->model);
   cmd->add_option("--tokens", o->tokens, "tokens in the forward")->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
-  cmd->add_option("--schedule", o->schedule, "serial, dual or phased")
-      ->check(CLI::IsMember({"serial", "dual", "phased"}))
+  cmd->add_option("--schedule", o->schedule, "serial, dual, phased, or auto (the --tuning table's choice)")
+      ->check(CLI::IsMember({"serial", "dual", "phased", "auto"}))
       ->capture_default_str();
   cmd->add_option("--out", o->out, "Chrome trace JSON output")->capture_default_str();
   cmd->add_option("--svg", o->svg, "SVG timeline output");

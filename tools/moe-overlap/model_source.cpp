@@ -58,6 +58,7 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
       ->check(CLI::IsMember({"auto", "bf16", "f32", "fp8"}))
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "seed of the preset's random weights and of the inputs")->capture_default_str();
+  cmd->add_option("--tuning", o.tuning, "tuning table for --schedule auto, as written by bench --tune");
   cmd->add_option("--isa", o.isa,
                   "kernel instruction set: auto (best exact fp32 one), scalar, avx2, avx512, or avx512bf16 "
                   "(vdpbf16ps: bf16/fp8 expert weights against x rounded to bf16, up to 2x faster when compute-bound)")
