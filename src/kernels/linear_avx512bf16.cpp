@@ -257,7 +257,7 @@ void row_block(const uint16_t* xb, int64_t ldxb, int64_t mc, const WeightView& w
   if (w.dtype == DType::kBF16)
     return passes<R>(xb, ldxb, mc, Bf16Rows{static_cast<const uint16_t*>(w.data) + n * K, K}, K, pf, nullptr, y, ldy);
   const Fp8Rows rows{static_cast<const uint8_t*>(w.data) + n * K, K, &dec};
-  // Up to 4 tokens (one pass; the registers hold 4 x 2 x vectors): decoded as read.
+  // Up to 4 tokens (a single pass): decoded as read; more: decoded once into panels.
   if (mc <= 4) return passes<R>(xb, ldxb, mc, rows, K, pf, nullptr, y, ldy);
   fp8_panels<R>(xb, ldxb, mc, rows, K, pf, y, ldy);
 }
