@@ -125,8 +125,7 @@ void prefill(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
   }
   state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
   // The peak of the instruction the kernel runs: vdpbf16ps for bf16/fp8 weights on avx512bf16, else fp32 FMA.
-  const bool dot = moe::active_isa() == moe::Isa::kAvx512Bf16 && dt != DType::kF32;
-  const double peak = (dot ? g_peak_bf16 : g_peak_f32)[state.threads()];
+  const double peak = (moe::rounds_x_to_bf16(moe::active_isa(), dt) ? g_peak_bf16 : g_peak_f32)[state.threads()];
   state.counters["peak_frac"] = benchmark::Counter(flops / (peak * 1e9), benchmark::Counter::kIsRate);
 }
 

@@ -48,6 +48,17 @@ MoeConfig routing_config(const std::string& type, int64_t e, int64_t k) {
   return c;
 }
 
+// H = 1, I = Is = 1, E = 2, k = 1: a layer small enough to compute by hand.
+MoeConfig by_hand_config(const std::string& type) {
+  MoeConfig c = family_defaults(type);
+  c.hidden = 1;
+  c.moe_intermediate = 1;
+  c.num_experts = 2;
+  c.top_k = 1;
+  c.shared_intermediate = 1;
+  return c;
+}
+
 struct Routed {
   std::vector<int32_t> ids;
   std::vector<float> weights;
@@ -170,12 +181,7 @@ TEST(Routing, KimiScalingFactorAppliesAfterRenormalisation) {
 
 // The whole layer by hand: H = 1, E = 2, I = Is = 1, k = 1, Qwen2-MoE (softmax, sigmoid shared gate).
 TEST(Reference, TinyLayerByHand) {
-  MoeConfig c = family_defaults("qwen2_moe");
-  c.hidden = 1;
-  c.moe_intermediate = 1;
-  c.num_experts = 2;
-  c.top_k = 1;
-  c.shared_intermediate = 1;
+  MoeConfig c = by_hand_config("qwen2_moe");
   LayerWeights w;
   w.router = f32_view(w, {1.0f, -1.0f}, 2, 1);
   for (float scale : {1.0f, 3.0f})
@@ -204,12 +210,7 @@ TEST(Reference, TinyLayerByHand) {
 }
 
 TEST(Reference, DeepSeekSharedExpertIsUngated) {
-  MoeConfig c = family_defaults("deepseek_v3");
-  c.hidden = 1;
-  c.moe_intermediate = 1;
-  c.num_experts = 2;
-  c.top_k = 1;
-  c.shared_intermediate = 1;
+  MoeConfig c = by_hand_config("deepseek_v3");
   c.routed_scaling_factor = 2.5f;
   LayerWeights w;
   w.router = f32_view(w, {1.0f, -1.0f}, 2, 1);

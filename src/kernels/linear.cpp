@@ -18,10 +18,8 @@ namespace {
 // MOE_KERNEL_ISA=scalar|avx2|avx512|avx512bf16 picks the initial ISA (benchmarks, A/B checks); an
 // unsupported or unknown name falls back to the best one.
 Isa initial_isa() {
-  if (const char* env = std::getenv("MOE_KERNEL_ISA")) {
-    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16})
-      if (isa_name(isa) == env && isa_supported(isa)) return isa;
-  }
+  if (const char* env = std::getenv("MOE_KERNEL_ISA"))
+    if (const std::optional<Isa> isa = parse_isa(env); isa && isa_supported(*isa)) return *isa;
   return best_isa();
 }
 
@@ -58,6 +56,14 @@ std::string_view isa_name(Isa isa) {
   return "?";
 }
 
+std::optional<Isa> parse_isa(std::string_view name) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16})
+    if (isa_name(isa) == name) return isa;
+  return std::nullopt;
+}
+
+bool rounds_x_to_bf16(Isa isa, DType weights) { return isa == Isa::kAvx512Bf16 && weights != DType::kF32; }
+
 bool isa_supported(Isa isa) {
   const CpuFeatures& f = cpu_features();
   switch (isa) {
@@ -87,10 +93,10 @@ void set_active_isa(Isa isa) {
 
 namespace {
 // linear() with y pointing at column n0.
-void linear_from_n0(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
-                    int64_t ldy) {
+void linear_from_n0(Isa isa, const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1,
+                    float* y, int64_t ldy) {
   if (M <= 0 || n1 <= n0) return;
-  switch (active_isa()) {
+  switch (isa) {
     case Isa::kAvx512: detail::linear_avx512(x, M, ldx, w, n0, n1, y, ldy); return;
     case Isa::kAvx512Bf16: detail::linear_avx512bf16(x, M, ldx, w, n0, n1, y, ldy); return;
     case Isa::kAvx2: detail::linear_avx2(x, M, ldx, w, n0, n1, y, ldy); return;
@@ -102,13 +108,13 @@ void linear_from_n0(const float* x, int64_t M, int64_t ldx, const WeightView& w,
 
 void linear(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
             int64_t ldy) {
-  linear_from_n0(x, M, ldx, w, n0, n1, y + n0, ldy);
+  linear_from_n0(active_isa(), x, M, ldx, w, n0, n1, y + n0, ldy);
 }
 
 void linear_exact(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
                   int64_t ldy) {
-  if (active_isa() != Isa::kAvx512Bf16) return linear(x, M, ldx, w, n0, n1, y, ldy);
-  if (M > 0 && n1 > n0) detail::linear_avx512(x, M, ldx, w, n0, n1, y + n0, ldy);
+  const Isa isa = active_isa();
+  linear_from_n0(isa == Isa::kAvx512Bf16 ? Isa::kAvx512 : isa, x, M, ldx, w, n0, n1, y + n0, ldy);
 }
 
 void silu_mul(const float* g, const float* u, float* h, int64_t n) {
@@ -122,15 +128,16 @@ void silu_mul(const float* g, const float* u, float* h, int64_t n) {
 // 64-row runs alternating between gate and up restarted the memory streams 16 times per expert).
 void gate_up_silu(const float* x, int64_t M, int64_t ldx, const WeightView& gate, const WeightView& up,
                   int64_t i0, int64_t i1, float* h, int64_t ldh) {
-  constexpr int64_t kTokens = 32, kTileFloats = 2048;
-  float g[kTokens * 64], u[kTokens * 64];  // mt * rows <= max(32 * 64, kTileFloats)
+  constexpr int64_t kTokens = 32, kTileFloats = kTokens * 64;
+  float g[kTileFloats], u[kTileFloats];
+  const Isa isa = active_isa();
   for (int64_t m0 = 0; m0 < M; m0 += kTokens) {
     const int64_t mt = std::min(kTokens, M - m0);
-    const int64_t rows = std::max<int64_t>(64, kTileFloats / mt);
+    const int64_t rows = kTileFloats / mt;  // >= 64
     for (int64_t r0 = i0; r0 < i1; r0 += rows) {
       const int64_t r1 = std::min(i1, r0 + rows);
-      linear_from_n0(x + m0 * ldx, mt, ldx, gate, r0, r1, g, rows);
-      linear_from_n0(x + m0 * ldx, mt, ldx, up, r0, r1, u, rows);
+      linear_from_n0(isa, x + m0 * ldx, mt, ldx, gate, r0, r1, g, rows);
+      linear_from_n0(isa, x + m0 * ldx, mt, ldx, up, r0, r1, u, rows);
       for (int64_t m = 0; m < mt; ++m) silu_mul(g + m * rows, u + m * rows, h + (m0 + m) * ldh + r0, r1 - r0);
     }
   }

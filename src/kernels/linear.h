@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #include "kernels/weight.h"
@@ -17,6 +18,11 @@ namespace moe {
 // The instruction sets a kernel can run on, chosen at run time (best available by default).
 enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAvx512Bf16 };
 std::string_view isa_name(Isa isa);
+// The ISA named `name` ("scalar", "avx2", "avx512", "avx512bf16"), or nullopt.
+std::optional<Isa> parse_isa(std::string_view name);
+// Whether `isa` runs matrices of `weights` on bf16 dot products with x rounded to bf16 (avx512bf16 on bf16
+// and fp8 weights): their error bound is ~2^-9 per product, and their arithmetic peak the bf16-dot one.
+bool rounds_x_to_bf16(Isa isa, DType weights);
 Isa best_isa();                 // what this CPU supports and this build compiled
 Isa active_isa();               // what the kernels use now
 void set_active_isa(Isa isa);   // tests run every compiled path; throws if the CPU lacks it

@@ -4,6 +4,7 @@
 
 #include <limits>
 
+#include "kernels/avx512_hsum.h"
 #include "kernels/linear_isa.h"
 
 namespace moe {
@@ -26,14 +27,7 @@ struct Avx512 {
   static void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
   static Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
   static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
-  // Fixed reduction tree: halves, then quarters, then pairs.
-  static float hsum(Reg v) {
-    const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    b = _mm_add_ss(b, _mm_movehdup_ps(b));
-    return _mm_cvtss_f32(b);
-  }
+  static float hsum(Reg v) { return detail::hsum16(v); }
 
   // bf16 -> fp32 is exact: the 16 bits become the top half.
   static Reg bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }

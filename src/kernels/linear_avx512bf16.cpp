@@ -16,6 +16,7 @@
 
 #include <algorithm>
 
+#include "kernels/avx512_hsum.h"
 #include "kernels/linear_isa.h"
 
 namespace moe::detail {
@@ -32,15 +33,6 @@ constexpr int kMaxPassTokens = 6;     // 4 rows x 6 tokens: 24 accumulators + 6 
 
 __mmask32 mask32(int64_t n) { return n >= 32 ? ~__mmask32{0} : (__mmask32{1} << n) - 1u; }
 __mmask16 mask16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1u); }
-
-// The fixed 16-lane tree of linear_avx512.cpp.
-float hsum_tree(__m512 v) {
-  const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  b = _mm_add_ss(b, _mm_movehdup_ps(b));
-  return _mm_cvtss_f32(b);
-}
 
 // x rows [0, mc) as bf16 at xb (row stride kpad = K rounded up to kStep, the padding zero). With fp8
 // weights, `scales` is the weight row block's scale_inv row: each 128-column block of x is multiplied by
@@ -99,29 +91,26 @@ struct Fp8Decoder {
   }
 };
 
-// Row sources for micro(): kVecs bf16 vectors of 32 columns per step.
-// bf16 weight rows as stored.
+// bf16 weight rows as stored: 32 columns from k (load_tail: n < 32 of them, the rest zero).
 struct Bf16Rows {
-  static constexpr int kVecs = 1;
   const uint16_t* p;
   int64_t ld;  // elements between rows
-  void load(int r, int64_t k, __m512bh* v) const { v[0] = (__m512bh)_mm512_loadu_si512(p + r * ld + k); }
-  void load_tail(int r, int64_t k, int64_t n, __m512bh* v) const {
-    v[0] = (__m512bh)_mm512_maskz_loadu_epi16(mask32(n), p + r * ld + k);
+  __m512bh load(int r, int64_t k) const { return (__m512bh)_mm512_loadu_si512(p + r * ld + k); }
+  __m512bh load_tail(int r, int64_t k, int64_t n) const {
+    return (__m512bh)_mm512_maskz_loadu_epi16(mask32(n), p + r * ld + k);
   }
 };
 
 // fp8 weight rows, decoded as they are read (the zero-filled tail decodes to zeros).
 struct Fp8Rows {
-  static constexpr int kVecs = 1;
   const uint8_t* p;
   int64_t ld;
   const Fp8Decoder* dec;
-  void load(int r, int64_t k, __m512bh* v) const {
-    v[0] = (*dec)(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + r * ld + k)));
+  __m512bh load(int r, int64_t k) const {
+    return (*dec)(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + r * ld + k)));
   }
-  void load_tail(int r, int64_t k, int64_t n, __m512bh* v) const {
-    v[0] = (*dec)(_mm256_maskz_loadu_epi8(mask32(n), p + r * ld + k));
+  __m512bh load_tail(int r, int64_t k, int64_t n) const {
+    return (*dec)(_mm256_maskz_loadu_epi8(mask32(n), p + r * ld + k));
   }
 };
 
@@ -156,34 +145,26 @@ struct Prefetch {
 template <int R, int T, class S>
 void micro(const uint16_t* xb, int64_t ldxb, const S& w, int64_t K, const Prefetch& pf, float* acc_mem, float* y,
            int64_t ldy) {
-  constexpr int V = S::kVecs;
-  constexpr int64_t kCols = V * kStep;
   __m512 acc[R][T];
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t)
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[r][t] = acc_mem ? _mm512_load_ps(acc_mem + (t * R + r) * 16) : _mm512_setzero_ps();
   // The T x vectors are loaded first and each row is loaded (decoded) as it is used: R x T accumulators,
-  // T x V x vectors and V weight vectors stay within the 32 registers for every shape used here.
+  // T x vectors and one weight vector stay within the 32 registers for every shape used here.
   const auto step = [&](int64_t k, bool tail) {
-    __m512bh xv[T][V];
+    __m512bh xv[T];
 #pragma GCC unroll 8
-    for (int t = 0; t < T; ++t)
-#pragma GCC unroll 2
-      for (int v = 0; v < V; ++v) xv[t][v] = (__m512bh)_mm512_loadu_si512(xb + t * ldxb + k + v * kStep);
+    for (int t = 0; t < T; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(xb + t * ldxb + k);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      __m512bh wv[V];
-      if (tail) w.load_tail(r, k, K - k, wv);
-      else w.load(r, k, wv);
-#pragma GCC unroll 2
-      for (int v = 0; v < V; ++v)
+      const __m512bh wv = tail ? w.load_tail(r, k, K - k) : w.load(r, k);
 #pragma GCC unroll 8
-        for (int t = 0; t < T; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], xv[t][v], wv[v]);
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], xv[t], wv);
     }
   };
   int64_t k = 0;
-  for (; k + kCols <= K; k += kCols) {
+  for (; k + kStep <= K; k += kStep) {
     if (k % kScaleBlock == 0) pf.columns(k, k + kScaleBlock);
     step(k, false);
   }
@@ -193,7 +174,7 @@ void micro(const uint16_t* xb, int64_t ldxb, const S& w, int64_t K, const Prefet
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       if (acc_mem) _mm512_store_ps(acc_mem + (t * R + r) * 16, acc[r][t]);
-      else y[t * ldy + r] = hsum_tree(acc[r][t]);
+      else y[t * ldy + r] = hsum16(acc[r][t]);
     }
 }
 
@@ -232,17 +213,14 @@ void fp8_panels(const uint16_t* xb, int64_t ldxb, int64_t mc, const Fp8Rows& w, 
     const int64_t c1 = std::min(K, c0 + kPanelCols);
     pf.columns(c0, c1);
     for (int r = 0; r < R; ++r)
-      for (int64_t k = c0; k < c1; k += kStep) {
-        __m512bh v[1];
-        if (k + kStep <= c1) w.load(r, k, v);
-        else w.load_tail(r, k, c1 - k, v);
-        _mm512_store_si512(panel + r * kPanelCols + (k - c0), (__m512i)v[0]);
-      }
+      for (int64_t k = c0; k < c1; k += kStep)
+        _mm512_store_si512(panel + r * kPanelCols + (k - c0),
+                           (__m512i)(k + kStep <= c1 ? w.load(r, k) : w.load_tail(r, k, c1 - k)));
     const int64_t cols = (c1 - c0 + kStep - 1) / kStep * kStep;  // the panel's tail lanes are zero
     passes<R>(xb + c0, ldxb, mc, Bf16Rows{panel, kPanelCols}, cols, Prefetch{}, acc_mem, nullptr, 0);
   }
   for (int64_t t = 0; t < mc; ++t)
-    for (int r = 0; r < R; ++r) y[t * ldy + r] = hsum_tree(_mm512_load_ps(acc_mem + (t * R + r) * 16));
+    for (int r = 0; r < R; ++r) y[t * ldy + r] = hsum16(_mm512_load_ps(acc_mem + (t * R + r) * 16));
 }
 
 // One row block: rows [n, n + R) of w, tokens [0, mc) of xb.

@@ -162,7 +162,8 @@ void micro_panel(const float* x, int64_t ldx, const float (*panel)[kPanelCols], 
                  float* acc_mem, const char* pf = nullptr, const char* pf_end = nullptr) {
   using Reg = typename V::Reg;
   constexpr int L = V::kLanes;
-  const int64_t pf_step = pf < pf_end ? ((pf_end - pf + 63) / 64 * L + (c1 - c0) - 1) / (c1 - c0) * 64 : 0;
+  const int64_t steps = std::max<int64_t>(1, (c1 - c0) / L), lines = pf < pf_end ? (pf_end - pf + 63) / 64 : 0;
+  const int64_t pf_step = (lines + steps - 1) / steps * 64;  // bytes streamed per k step
   Reg acc[R][T];
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t)
@@ -242,8 +243,10 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
     const int64_t blocks = D == DType::kF8E4M3 ? 1 : (M + kT - 1) / kT;
     const int64_t share = ((pf_end - pf) / 64 + blocks - 1) / blocks * 64;
     int64_t t = 0;
-    for (; t + kT <= M; t += kT, pf = std::min(pf + share, pf_end))
-      micro_panel<V, R, kT>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, std::min(pf + share, pf_end));
+    for (const char* pf_to; t + kT <= M; t += kT, pf = pf_to) {
+      pf_to = std::min(pf + share, pf_end);
+      micro_panel<V, R, kT>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, pf_to);
+    }
     switch (M - t) {
       case 3: micro_panel<V, R, 3>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, pf_end); break;
       case 2: micro_panel<V, R, 2>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, pf_end); break;

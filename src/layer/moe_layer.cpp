@@ -190,19 +190,29 @@ void MoeLayer::enqueue(Schedule s, const ops::Context& c, rt::Stream& main, bool
 // Shared-expert ops are always enqueued before the routed ops they are meant to overlap with: a side stream
 // issued after the routed path has nothing left to overlap (vLLM #48223).
 
+// The whole routed path (router .. combine) and the whole shared branch (its gate .. down) on one stream
+// each; phased interleaves the same operations with its segment events instead.
+void MoeLayer::launch_routed(const ops::Context& c, rt::Stream& s) {
+  s.launch(ops::make_router_op(c));
+  s.launch(ops::make_topk_op(c));
+  s.launch(ops::make_dispatch_op(c));
+  s.launch(ops::make_experts_gate_up_op(c));
+  s.launch(ops::make_experts_down_op(c));
+  s.launch(ops::make_combine_op(c));
+}
+
+void MoeLayer::launch_shared(const ops::Context& c, rt::Stream& s) {
+  if (config_.shared_expert_gate) s.launch(ops::make_shared_gate_op(c));
+  s.launch(ops::make_shared_gate_up_op(c));
+  s.launch(ops::make_shared_act_op(c));
+  s.launch(ops::make_shared_down_op(c));
+}
+
 void MoeLayer::enqueue_serial(const ops::Context& c, rt::Stream& main, bool check) {
   if (check) main.launch(ops::make_check_input_op(c));
-  main.launch(ops::make_router_op(c));
-  main.launch(ops::make_topk_op(c));
-  main.launch(ops::make_dispatch_op(c));
-  main.launch(ops::make_experts_gate_up_op(c));
-  main.launch(ops::make_experts_down_op(c));
-  main.launch(ops::make_combine_op(c));
+  launch_routed(c, main);
   if (!config_.has_shared_expert()) return;
-  if (config_.shared_expert_gate) main.launch(ops::make_shared_gate_op(c));
-  main.launch(ops::make_shared_gate_up_op(c));
-  main.launch(ops::make_shared_act_op(c));
-  main.launch(ops::make_shared_down_op(c));
+  launch_shared(c, main);
   main.launch(ops::make_sum_op(c));
 }
 
@@ -210,17 +220,9 @@ void MoeLayer::enqueue_dual(const ops::Context& c, rt::Stream& main, bool check,
   if (check) main.launch(ops::make_check_input_op(c));
   main.record(ev.fork);  // x is ready once main gets here
   side_.wait(ev.fork);
-  if (config_.shared_expert_gate) side_.launch(ops::make_shared_gate_op(c));
-  side_.launch(ops::make_shared_gate_up_op(c));
-  side_.launch(ops::make_shared_act_op(c));
-  side_.launch(ops::make_shared_down_op(c));
+  launch_shared(c, side_);
   side_.record(ev.join);
-  main.launch(ops::make_router_op(c));
-  main.launch(ops::make_topk_op(c));
-  main.launch(ops::make_dispatch_op(c));
-  main.launch(ops::make_experts_gate_up_op(c));
-  main.launch(ops::make_experts_down_op(c));
-  main.launch(ops::make_combine_op(c));
+  launch_routed(c, main);
   main.wait(ev.join);
   main.launch(ops::make_sum_op(c));
 }

@@ -122,6 +122,8 @@ class MoeLayer {
   void check_args(const float* x, int64_t tokens, const float* y) const;
   ops::Context context(const float* x, int64_t tokens, float* y) const;
   void enqueue(Schedule s, const ops::Context& c, rt::Stream& main, bool check, Events& ev);
+  void launch_routed(const ops::Context& c, rt::Stream& s);
+  void launch_shared(const ops::Context& c, rt::Stream& s);
   void enqueue_serial(const ops::Context& c, rt::Stream& main, bool check);
   void enqueue_dual(const ops::Context& c, rt::Stream& main, bool check, Events& ev);
   void enqueue_phased(const ops::Context& c, rt::Stream& main, bool check, Events& ev);

@@ -168,11 +168,11 @@ void run_bench(const BenchOptions& o) {
   if (o.repeats < 1) throw std::invalid_argument("--repeats: expected >= 1");
   auto dev = rt::make_cpu_device({.num_workers = o.threads});
   BenchReport report;
-  // Before the weights exist: the probe's 1 GiB buffer is unmapped again, so the peak RSS reported below is
-  // the layer's own (weights, workspaces, the eviction buffer), not the probe's.
   apply_kernel_isa(o.model.isa);  // the report names the kernels' ISA
+  // Before the weights exist; then the peak RSS starts again, so the one reported below is the layer's own
+  // (weights, workspaces, the eviction buffer), without the probe's unmapped 1 GiB.
   report.machine = measure_machine(dev->num_workers());
-  reset_peak_rss();  // the probe's buffer is gone: the peak reported below is the layer's own
+  reset_peak_rss();
   LoadedModel m = load_model(o.model);
   const bool mapped = std::filesystem::is_directory(o.model.model);
   if (mapped) touch_pages(m.weights);
@@ -268,6 +268,8 @@ void add_bench_command(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* cmd = app.add_subcommand("bench", "latency of each schedule over token counts, against the roofline");
   add_model_options(cmd, o->model);
+  add_isa_option(cmd, o->model);
+  add_tuning_option(cmd, o->model);
   cmd->add_option("--tokens", o->tokens, "token counts")->capture_default_str();
   cmd->add_option("--schedules", o->schedules, "schedules to compare (serial first is clearest)")->capture_default_str();
   cmd->add_option("--threads", o->threads, "worker threads (default: one per core)");

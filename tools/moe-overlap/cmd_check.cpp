@@ -28,7 +28,7 @@ struct CheckOptions {
 // fp32 arithmetic against fp64 on the same weight values: the error grows with the reduction length. On
 // the avx512bf16 kernels x is rounded to bf16 before the expert matrices (2^-9 per product): 1e-2.
 double tolerance(const MoeConfig& c, const LayerWeights& w) {
-  if (active_isa() == Isa::kAvx512Bf16 && !w.experts.empty() && w.experts[0].gate.dtype != DType::kF32) return 1e-2;
+  if (!w.experts.empty() && rounds_x_to_bf16(active_isa(), w.experts[0].gate.dtype)) return 1e-2;
   return 1e-5 * std::max(1.0, std::sqrt(static_cast<double>(c.hidden) / 256.0));
 }
 
@@ -175,6 +175,7 @@ void add_check_command(CLI::App& app) {
   auto o = std::make_shared<CheckOptions>();
   CLI::App* cmd = app.add_subcommand("check", "every schedule vs serial (bitwise) and vs the fp64 reference");
   add_model_options(cmd, o->model);
+  add_isa_option(cmd, o->model);
   cmd->add_option("--tokens", o->tokens, "token counts to check")->capture_default_str();
   cmd->add_option("--threads", o->threads, "worker threads (default: one per core)");
   cmd->add_flag("--tiny", o->tiny, "every family and routing variant at small sizes, f32/bf16/fp8 (ignores --model)");

@@ -23,6 +23,7 @@ struct RunOptions {
 };
 
 void run_run(const RunOptions& o) {
+  apply_kernel_isa(o.model.isa);
   const Schedule schedule = parse_schedule(o.schedule);
   LoadedModel m = load_model(o.model);
   const int64_t h = m.config.hidden;
@@ -73,6 +74,8 @@ void add_run_command(CLI::App& app) {
   auto o = std::make_shared<RunOptions>();
   CLI::App* cmd = app.add_subcommand("run", "run one forward of a layer and write its output");
   add_model_options(cmd, o->model);
+  add_isa_option(cmd, o->model);
+  add_tuning_option(cmd, o->model);
   auto* tokens = cmd->add_option("--tokens", o->tokens, "random input tokens (seeded by --seed)")
                      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
                      ->capture_default_str();

@@ -23,6 +23,7 @@ struct TraceOptions {
 };
 
 void run_trace(const TraceOptions& o) {
+  apply_kernel_isa(o.model.isa);
   const Schedule schedule = parse_schedule(o.schedule);
   LoadedModel m = load_model(o.model);
   const std::vector<float> x = random_activations(o.tokens, m.config.hidden, o.model.seed);
@@ -66,6 +67,8 @@ void add_trace_command(CLI::App& app) {
   auto o = std::make_shared<TraceOptions>();
   CLI::App* cmd = app.add_subcommand("trace", "trace one forward: Chrome trace JSON and an SVG timeline");
   add_model_options(cmd, o->model);
+  add_isa_option(cmd, o->model);
+  add_tuning_option(cmd, o->model);
   cmd->add_option("--tokens", o->tokens, "tokens in the forward")->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
   cmd->add_option("--schedule", o->schedule, "serial, dual, phased, or auto (the --tuning table's choice)")

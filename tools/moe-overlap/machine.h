@@ -5,9 +5,10 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
-#include "kernels/dtype.h"
+#include "kernels/linear.h"
 
 namespace moe::tools {
 
@@ -23,7 +24,8 @@ struct MachineFigures {
   // The peak of the arithmetic the kernels use for expert weights of `weights`: the bf16 dot product on
   // the avx512bf16 path (bf16 and fp8 weights), else fp32 FMA on exactly converted weights.
   double kernel_peak_gflops(DType weights) const {
-    return isa == "avx512bf16" && weights != DType::kF32 ? bf16_gflops : fp32_gflops;
+    const std::optional<Isa> kernels = parse_isa(isa);
+    return kernels && rounds_x_to_bf16(*kernels, weights) ? bf16_gflops : fp32_gflops;
   }
   nlohmann::json to_json() const;
 };

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <stdexcept>
 
@@ -58,7 +59,13 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
       ->check(CLI::IsMember({"auto", "bf16", "f32", "fp8"}))
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "seed of the preset's random weights and of the inputs")->capture_default_str();
+}
+
+void add_tuning_option(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--tuning", o.tuning, "tuning table for --schedule auto, as written by bench --tune");
+}
+
+void add_isa_option(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--isa", o.isa,
                   "kernel instruction set: auto (best exact fp32 one), scalar, avx2, avx512, or avx512bf16 "
                   "(vdpbf16ps: bf16/fp8 expert weights against x rounded to bf16, up to 2x faster when compute-bound)")
@@ -68,14 +75,12 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
 
 void apply_kernel_isa(const std::string& name) {
   if (name == "auto") return;  // the best exact ISA, or MOE_KERNEL_ISA when set
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16})
-    if (isa_name(isa) == name) {
-      if (!isa_supported(isa))
-        throw std::invalid_argument("--isa " + name + ": this CPU (or this build) does not support it; the best here is " +
-                                    std::string(isa_name(best_isa())));
-      return set_active_isa(isa);
-    }
-  throw std::invalid_argument("--isa: expected auto, scalar, avx2, avx512 or avx512bf16, got '" + name + "'");
+  const std::optional<Isa> isa = parse_isa(name);
+  if (!isa) throw std::invalid_argument("--isa: expected auto, scalar, avx2, avx512 or avx512bf16, got '" + name + "'");
+  if (!isa_supported(*isa))
+    throw std::invalid_argument("--isa " + name + ": this CPU (or this build) does not support it; the best here is " +
+                                std::string(isa_name(best_isa())));
+  set_active_isa(*isa);
 }
 
 DType parse_dtype(const std::string& name) {
@@ -126,7 +131,6 @@ std::vector<float> random_activations(int64_t tokens, int64_t hidden, uint64_t s
 }
 
 LoadedModel load_model(const ModelOptions& o) {
-  apply_kernel_isa(o.isa);
   LoadedModel m;
   const bool is_dir = std::filesystem::is_directory(o.model);
   if (is_dir) {

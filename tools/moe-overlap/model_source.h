@@ -22,7 +22,11 @@ struct ModelOptions {
   std::string isa = "auto";  // kernels: auto (MOE_KERNEL_ISA, else the best exact one) | scalar | avx2 | avx512 | avx512bf16
 };
 void add_model_options(CLI::App* cmd, ModelOptions& options);
-// Makes --isa the kernels' instruction set; throws naming the flag when this CPU lacks it.
+// --isa and --tuning, for the commands that run the layer (info only describes it).
+void add_isa_option(CLI::App* cmd, ModelOptions& options);
+void add_tuning_option(CLI::App* cmd, ModelOptions& options);
+// Makes --isa the kernels' instruction set ("auto" leaves it); throws naming the flag when this CPU lacks it.
+// Each command calls it first, before anything measures or runs a kernel.
 void apply_kernel_isa(const std::string& isa);
 
 struct LoadedModel {
