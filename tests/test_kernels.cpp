@@ -156,13 +156,19 @@ TEST_P(KernelIsa, Fp8DecodesEveryCodeExactly) {
 TEST_P(KernelIsa, LongRowsAtDecodeShapes) {
   check_against_reference(DType::kBF16, 1, 9, 2048, 0, 9);
   check_against_reference(DType::kBF16, 33, 6, 2051, 0, 6);  // two token macro-blocks
+  // 1-2 tokens on rows of 1 KiB (a down projection): 2-row blocks streaming several blocks ahead.
+  for (int64_t M : {1, 2}) {
+    check_against_reference(DType::kBF16, M, 21, 512, 0, 21);
+    check_against_reference(DType::kF32, M, 13, 300, 3, 12);
+  }
 }
 
 // The determinism contract: each row's bits are the same alone, in any batch, in any row range.
 TEST_P(KernelIsa, RowBitsIndependentOfBatchAndRange) {
   constexpr int64_t M = 37, N = 23;
   for (auto [dt, K] : {std::pair{DType::kF32, int64_t{259}}, {DType::kBF16, int64_t{259}},
-                       {DType::kF8E4M3, int64_t{259}}, {DType::kF8E4M3, int64_t{1100}}}) {
+                       {DType::kF8E4M3, int64_t{259}}, {DType::kF8E4M3, int64_t{1100}},
+                       {DType::kBF16, int64_t{600}}}) {
     SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " K=" << K);
     const TestWeight w = make_weight(dt, N, K, 99);
     const std::vector<float> x = make_x(M, K, 7);

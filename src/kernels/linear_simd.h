@@ -80,14 +80,16 @@ struct RowCursor<V, DType::kF8E4M3> {
   typename V::Reg load_tail(int64_t k, int n) const { return V::load_fp8_tail(p + k, n, scale); }
 };
 
-// y[t * ldy + r] for t < T, r < R: rows n .. n+R of w against tokens x[0 .. T).
+// y[t * ldy + r] for t < T, r < R: rows n .. n+R of w against tokens x[0 .. T). The R rows starting
+// lead_rows (>= R) further on are streamed in under the FMAs.
 template <class V, DType D, int R, int T>
-void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
+void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy,
+                  int64_t lead_rows = R) {
   using Reg = typename V::Reg;
   constexpr int L = V::kLanes;
   constexpr int64_t kBlockColBytes = R * static_cast<int64_t>(dtype_size(D));
   const int64_t K = w.cols;
-  const char* next = static_cast<const char*>(w.data) + (n + R) * K * static_cast<int64_t>(dtype_size(D));
+  const char* next = static_cast<const char*>(w.data) + (n + lead_rows) * K * static_cast<int64_t>(dtype_size(D));
   const char* end = static_cast<const char*>(w.data) + w.rows * K * static_cast<int64_t>(dtype_size(D));
   RowCursor<V, D> rows[R];
   Reg acc[R][T];
@@ -150,6 +152,7 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
 }
 
 inline constexpr int64_t kMaxMacroTokens = 32;
+inline constexpr int64_t kDecodeLeadBytes = 8 << 10;  // per token; 4 and 16 KiB measured slower at 1 token
 inline constexpr int64_t kPanelCols = 512;  // a multiple of kScaleBlock
 
 // Tokens x[0 .. T) against panel columns [c0, c1) of R converted rows; the accumulators live in acc_mem
@@ -286,14 +289,18 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
     const float* xm = x + m0 * ldx;
     float* ym = y + m0 * ldy;
     int64_t n = n0;
-    // 1-2 tokens on rows of 4 KiB or more (bf16 K >= 2048): 2 rows at a time. Fewer, longer streams keep
-    // the hardware prefetchers locked on (one thread, weights from DRAM: 0.86-0.89 of the read bandwidth
-    // against 0.76-0.77 with 8 or 4 rows); shorter rows and fp8 keep the wider blocks below.
-    if (mc <= 2 && D != DType::kF8E4M3 && w.cols * static_cast<int64_t>(dtype_size(D)) >= 4096) {
+    // 1-2 tokens on rows of 1 KiB or more (bf16 K >= 512): 2 rows at a time, streaming in the rows
+    // kDecodeLeadBytes per token ahead. Fewer, longer streams keep the hardware prefetchers locked on, and
+    // the software stream must run a fixed distance ahead whatever the row length (one thread, weights
+    // from DRAM: bf16 512x2048 0.86-0.89 of the read bandwidth against 0.76-0.77 with 8 or 4 rows;
+    // 2048x512 54-55 us against 61-62 us with 8 rows and an 8-row lead). fp8 keeps the wider blocks below.
+    const int64_t row_bytes = w.cols * static_cast<int64_t>(dtype_size(D));
+    if (mc <= 2 && D != DType::kF8E4M3 && row_bytes >= 1024) {
+      const int64_t lead = std::max<int64_t>(2, (kDecodeLeadBytes * mc / row_bytes + 1) & ~int64_t{1});
       if (mc == 1)
-        for (; n + 2 <= n1; n += 2) micro_kernel<V, D, 2, 1>(xm, ldx, w, n, ym + (n - n0), ldy);
+        for (; n + 2 <= n1; n += 2) micro_kernel<V, D, 2, 1>(xm, ldx, w, n, ym + (n - n0), ldy, lead);
       else
-        for (; n + 2 <= n1; n += 2) micro_kernel<V, D, 2, 2>(xm, ldx, w, n, ym + (n - n0), ldy);
+        for (; n + 2 <= n1; n += 2) micro_kernel<V, D, 2, 2>(xm, ldx, w, n, ym + (n - n0), ldy, lead);
     }
     if (mc == 1)  // one token: more rows in flight to cover the FMA latency
       for (; n + 8 <= n1; n += 8) micro_kernel<V, D, 8, 1>(xm, ldx, w, n, ym + (n - n0), ldy);
