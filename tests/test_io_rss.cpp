@@ -9,12 +9,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "io/checkpoint.h"
 #include "io/make_checkpoint.h"
+#include "io/mapped_file.h"
 #include "io/rss.h"
+#include "io/safetensors_writer.h"
 #include "test_io_util.h"
 
 namespace moe {
@@ -32,6 +38,69 @@ TEST(IoRss, ResetPeakLeavesAFreedBufferOut) {
   munmap(p, kBytes);
   ASSERT_TRUE(reset_peak_rss());
   EXPECT_LT(peak_rss_bytes(), with_buffer - (int64_t{32} << 20));
+}
+
+// Reads every 4 KiB page of a mapping.
+void touch_all(const MappedFile& f) {
+  const volatile uint8_t* p = f.data();
+  for (uint64_t i = 0; i < f.size(); i += 4096) (void)p[i];
+}
+
+// The share of a file's mapped pages in 2 MiB pages once every page is touched.
+double huge_share(const std::string& path) {
+  const MappedFile f(path);
+  touch_all(f);
+  const PageCoverage c = page_coverage({{f.data(), f.size()}});
+  return c.resident_bytes > 0 ? static_cast<double>(c.huge_bytes) / static_cast<double>(c.resident_bytes) : -1;
+}
+
+TEST(IoRss, PageCoverageCountsEachTouchedMappingOnce) {
+  test::ScratchDir dir;
+  constexpr size_t kBytes = size_t{8} << 20;
+  test::write_bytes(dir / "f.bin", std::string(kBytes, 'x'));
+  const MappedFile f(dir / "f.bin");
+  touch_all(f);
+  const PageCoverage one = page_coverage({{f.data(), f.size()}});
+  if (one.resident_bytes < 0) GTEST_SKIP() << "/proc/self/smaps is unavailable";
+  EXPECT_GE(one.resident_bytes, static_cast<int64_t>(kBytes));
+  EXPECT_LE(one.huge_bytes, one.resident_bytes);
+  // Two ranges inside the same mapping: the mapping still counts once.
+  const PageCoverage two = page_coverage({{f.data(), 4096}, {f.data() + kBytes / 2, 4096}});
+  EXPECT_EQ(two.resident_bytes, one.resident_bytes);
+  // No range, or an empty one: nothing.
+  EXPECT_EQ(page_coverage({}).resident_bytes, 0);
+  EXPECT_EQ(page_coverage({{f.data(), 0}}).resident_bytes, 0);
+}
+
+TEST(IoRss, DropCachedPagesNamesAMissingFile) {
+  test::ScratchDir dir;
+  test::write_bytes(dir / "f.bin", std::string(4096, 'x'));
+  EXPECT_TRUE(MappedFile::drop_cached_pages(dir / "f.bin"));
+  errno = 0;
+  EXPECT_FALSE(MappedFile::drop_cached_pages(dir / "missing.bin"));
+  EXPECT_EQ(errno, ENOENT);
+}
+
+// Where this kernel keeps a file written in large aligned blocks in 2 MiB folios (a probe file written with
+// one write() shows whether it does), a safetensors file written in small pieces must land the same way:
+// the writer's 4 MiB buffer turns the pieces into aligned blocks, so a checkpoint from make-checkpoint maps
+// with 2 MiB pages.
+TEST(IoRss, WriterLeavesItsFileInHugePagesWhereTheKernelCan) {
+  test::ScratchDir dir;
+  constexpr size_t kBytes = size_t{16} << 20;
+  const std::vector<char> bytes(kBytes, 1);
+  {
+    const int fd = ::open((dir / "probe.bin").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::write(fd, bytes.data(), kBytes), static_cast<ssize_t>(kBytes));
+    ::close(fd);
+  }
+  const double probe = huge_share(dir / "probe.bin");
+  if (probe <= 0.5) GTEST_SKIP() << "this kernel or file system keeps written files in small pages (" << probe << ")";
+  SafetensorsWriter w(dir / "t.safetensors", {{"t", StDType::kU8, {static_cast<int64_t>(kBytes)}}});
+  for (size_t i = 0; i < kBytes; i += 64 << 10) w.write("t", bytes.data() + i, 64 << 10);
+  w.finish();
+  EXPECT_GT(huge_share(dir / "t.safetensors"), 0.5);
 }
 
 // Reads one byte per 4 KiB page (every page of the matrix is faulted in, as a GEMV would).

@@ -106,6 +106,7 @@ TEST_F(Cli, BadInputsFailWithOneLineAndNoOutput) {
   expect_error("run --model " + path("broken"), "hidden_size");
   expect_error("run --model qwen3-next-80b-a3b --experts 9999", "--experts");
   expect_error("run --model " + model() + " --isa sse9", "--isa");
+  expect_error("run --model qwen3-next-80b-a3b --reread", "--reread");
 }
 
 TEST_F(Cli, CheckPassesOnTheCheckpointAndTinyFamilies) {
@@ -126,7 +127,8 @@ TEST_F(Cli, CheckPassesOnTheCheckpointAndTinyFamilies) {
 }
 
 TEST_F(Cli, BenchWritesTableJsonAndPlot) {
-  const Result r = run("bench --model " + model() + " --tokens 1,4 --repeats 2 --warmup 1 --evict-mib 0 --graph --json " +
+  // --reread: the shards' cached pages are dropped first and read anew.
+  const Result r = run("bench --model " + model() + " --reread --tokens 1,4 --repeats 2 --warmup 1 --evict-mib 0 --graph --json " +
                        path("b.json") + " --svg " + path("b.svg"));
   ASSERT_EQ(r.status, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(path("b.json")));
@@ -135,6 +137,7 @@ TEST_F(Cli, BenchWritesTableJsonAndPlot) {
                           "gflops", "peak_fraction", "speedup_vs_serial", "hidden_fraction"})
     EXPECT_TRUE(j["results"][0].contains(key)) << key;
   EXPECT_GT(j["machine"]["read_gbps"].get<double>(), 0.0);
+  EXPECT_LE(j["huge_page_fraction"].get<double>(), 1.0);  // -1 where smaps is unavailable
   EXPECT_GT(j["results"][0]["bytes"].get<int64_t>(), 0);
   EXPECT_TRUE(fs::exists(path("b.svg")));
   EXPECT_NE(r.out.find("host time per call"), std::string::npos) << r.out;

@@ -30,8 +30,18 @@ MappedFile::MappedFile(const std::string& path) {
       throw IoError("cannot map '" + path + "' (" + std::to_string(size_) + " bytes): " + std::strerror(err));
     }
     data_ = static_cast<const uint8_t*>(p);
+    ::madvise(p, size_, MADV_HUGEPAGE);  // a hint: without THP for files it changes nothing
   }
   ::close(fd);  // the mapping keeps the file open
+}
+
+bool MappedFile::drop_cached_pages(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const int rc = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  if (rc != 0) errno = rc;
+  return rc == 0;
 }
 
 MappedFile::~MappedFile() {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace moe {
 
@@ -13,5 +14,19 @@ int64_t peak_rss_bytes();
 bool reset_peak_rss();
 // Current resident set size (/proc/self/statm), in bytes; -1 if unavailable.
 int64_t current_rss_bytes();
+
+// How the mappings holding some address ranges are backed: resident bytes of every mapping (VMA) that
+// overlaps one of the ranges, each mapping counted once, and how many of them are in 2 MiB pages
+// (FilePmdMapped, AnonHugePages, ShmemPmdMapped of /proc/self/smaps). resident_bytes is -1 where smaps
+// is unavailable.
+struct PageCoverage {
+  int64_t resident_bytes = -1;
+  int64_t huge_bytes = 0;
+};
+struct AddressRange {
+  const void* begin = nullptr;
+  uint64_t bytes = 0;
+};
+PageCoverage page_coverage(const std::vector<AddressRange>& ranges);
 
 }  // namespace moe

@@ -52,6 +52,7 @@ class SafetensorsWriter {
   std::vector<uint64_t> sizes_;
   size_t current_ = 0;
   uint64_t written_ = 0;  // bytes of tensors_[current_] so far
+  std::vector<char> buffer_;  // the stream's (closed in the destructor body, before this is freed)
   std::FILE* out_ = nullptr;
   bool done_ = false;
 };

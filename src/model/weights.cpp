@@ -143,4 +143,21 @@ LayerWeights make_random_weights(const MoeConfig& c, const RandomWeightOptions& 
   return w;
 }
 
+std::vector<WeightView> LayerWeights::views() const {
+  std::vector<WeightView> out;
+  auto add = [&](const WeightView& v) {
+    if (!v.empty()) out.push_back(v);
+  };
+  auto add_expert = [&](const ExpertWeights& e) {
+    add(e.gate);
+    add(e.up);
+    add(e.down);
+  };
+  add(router);
+  add(shared_gate);
+  add_expert(shared);
+  for (const ExpertWeights& e : experts) add_expert(e);
+  return out;
+}
+
 }  // namespace moe

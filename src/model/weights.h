@@ -29,6 +29,8 @@ struct LayerWeights {
   std::vector<std::any> storage;          // owners of the bytes (mappings, buffers)
 
   int64_t num_local_experts() const { return static_cast<int64_t>(experts.size()); }
+  // Every non-empty view: router, shared gate, shared expert, routed experts (for whoever walks the bytes).
+  std::vector<WeightView> views() const;
   // Checks every view against the config (shapes, dtypes, presence); throws ConfigError naming the tensor.
   void validate(const MoeConfig& config) const;
 };

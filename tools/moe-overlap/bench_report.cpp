@@ -72,7 +72,11 @@ nlohmann::json bench_json(const BenchReport& r) {
                        {"host_enqueue_us", b.host_us}});
   nlohmann::json machine = r.machine.to_json();
   machine["peak_rss_bytes"] = r.peak_rss_bytes;
-  return {{"model", r.model}, {"method", r.method}, {"layer_bytes", r.layer_bytes}, {"machine", machine},
+  return {{"model", r.model},
+          {"method", r.method},
+          {"layer_bytes", r.layer_bytes},
+          {"huge_page_fraction", r.huge_page_fraction},
+          {"machine", machine},
           {"results", results}};
 }
 

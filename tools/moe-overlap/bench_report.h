@@ -31,6 +31,7 @@ struct BenchReport {
   MachineFigures machine;
   int64_t peak_rss_bytes = 0;
   int64_t layer_bytes = 0;
+  double huge_page_fraction = -1;  // of the weights' resident pages, in 2 MiB pages (-1: unknown)
   std::vector<BenchResult> results;
 };
 

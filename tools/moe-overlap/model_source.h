@@ -18,6 +18,7 @@ struct ModelOptions {
   int64_t experts = -1;  // -1: all; else keep experts [0, N) (one expert-parallel rank's share)
   std::string dtype = "auto";  // presets: bf16 | f32 | fp8 (auto: fp8 for fp8 presets, else bf16)
   uint64_t seed = 0;
+  bool reread = false;  // drop the checkpoint's cached pages first, so they are read anew in 2 MiB pages
   std::string tuning;  // --tuning FILE: the table behind --schedule auto (bench --tune writes one)
   std::string isa = "auto";  // kernels: auto (MOE_KERNEL_ISA, else the best exact one) | scalar | avx2 | avx512 | avx512bf16
 };
