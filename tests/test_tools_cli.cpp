@@ -139,6 +139,11 @@ TEST_F(Cli, BenchWritesTableJsonAndPlot) {
   EXPECT_GT(j["machine"]["read_gbps"].get<double>(), 0.0);
   EXPECT_LE(j["huge_page_fraction"].get<double>(), 1.0);  // -1 where smaps is unavailable
   EXPECT_GT(j["results"][0]["bytes"].get<int64_t>(), 0);
+  // Each fraction is taken against the bandwidth measured around its own token count.
+  for (const auto& b : j["results"]) {
+    ASSERT_GT(b["read_gbps"].get<double>(), 0.0);
+    EXPECT_NEAR(b["bandwidth_fraction"].get<double>(), b["gbps"].get<double>() / b["read_gbps"].get<double>(), 1e-9);
+  }
   EXPECT_TRUE(fs::exists(path("b.svg")));
   EXPECT_NE(r.out.find("host time per call"), std::string::npos) << r.out;
 }

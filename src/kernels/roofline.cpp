@@ -106,14 +106,22 @@ double measure_read_bandwidth_gbps(int threads, size_t bytes) {
     char* p = buf + static_cast<size_t>(t) * slice;
     for (size_t i = 0; i < slice; i += 4096) p[i] = static_cast<char>(i >> 12);
   });
+  const double gbps = measure_read_bandwidth_gbps(threads, buf, bytes);
+  munmap(mem, bytes);
+  return gbps;
+}
+
+double measure_read_bandwidth_gbps(int threads, const void* buffer, size_t bytes) {
+  threads = std::max(threads, 1);
+  const size_t slice = bytes / kHugePage / static_cast<size_t>(threads) * kHugePage;
+  if (slice == 0) return 0.0;
   const bool wide = has_avx512();
   std::vector<double> seconds;
   for (int pass = 0; pass < kPasses; ++pass)
     seconds.push_back(timed_parallel(threads, [&](int t) {
-      const char* p = buf + static_cast<size_t>(t) * slice;
+      const char* p = static_cast<const char*>(buffer) + static_cast<size_t>(t) * slice;
       g_sink = wide ? read_avx512(p, slice) : read_generic(p, slice);
     }));
-  munmap(mem, bytes);
   return static_cast<double>(slice) * threads / median(seconds) / 1e9;
 }
 

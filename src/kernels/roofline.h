@@ -14,6 +14,10 @@ namespace moe {
 // region where repeated reads still run from cache) from an anonymous mapping advised for transparent
 // huge pages and pre-faulted outside the timed region. Returns 0 if the buffer cannot be mapped.
 double measure_read_bandwidth_gbps(int threads, size_t bytes = size_t{1} << 30);
+// The same over an existing buffer (64-byte aligned, resident, not the shared zero page; each thread reads
+// its own 2 MiB-aligned slice), so that a benchmark can measure again without allocating; 0 if it is
+// smaller than 2 MiB per thread.
+double measure_read_bandwidth_gbps(int threads, const void* buffer, size_t bytes);
 
 enum class PeakKind {
   kF32Fma,   // fp32 fused multiply-add, 2 flops per lane

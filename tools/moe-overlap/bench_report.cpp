@@ -15,23 +15,32 @@ std::string bench_table(const BenchReport& r) {
   char line[320];
   s << r.model << "\n" << r.method << "\n";
   std::snprintf(line, sizeof line,
-                "machine: %s, %d threads: read %.1f GB/s, fp32 FMA %.0f GFLOP/s, bf16 dot %.0f GFLOP/s, kernels %s\n",
+                "machine: %s, %d threads: read %.1f GB/s at start, fp32 FMA %.0f GFLOP/s, bf16 dot %.0f GFLOP/s, "
+                "kernels %s\n",
                 r.machine.cpu.c_str(), r.machine.threads, r.machine.read_gbps, r.machine.fp32_gflops,
                 r.machine.bf16_gflops, r.machine.isa.c_str());
   s << line;
-  std::snprintf(line, sizeof line, "%7s %-13s %10s %10s %10s %8s %9s %7s %8s %7s %8s %7s %6s\n", "tokens", "schedule",
-                "median_us", "p10_us", "p90_us", "MB_read", "GB/s", "of_bw", "GFLOP/s", "of_pk", "vs_serial",
-                "hidden", "exprt");
+  std::snprintf(line, sizeof line, "%7s %-13s %10s %10s %10s %8s %9s %8s %7s %8s %7s %8s %7s %6s\n", "tokens",
+                "schedule", "median_us", "p10_us", "p90_us", "MB_read", "GB/s", "read_now", "of_bw", "GFLOP/s", "of_pk",
+                "vs_serial", "hidden", "exprt");
   s << line;
+  bool drifted = false;
   for (const BenchResult& b : r.results) {
     std::string sched = b.schedule == b.effective ? b.schedule : b.schedule + "*";
-    std::snprintf(line, sizeof line, "%7lld %-13s %10.1f %10.1f %10.1f %8.1f %9.1f %6.0f%% %8.1f %6.1f%% %8.3fx %6.0f%% %6lld\n",
+    const bool drift = b.read_change > kReadDrift;
+    drifted |= drift;
+    std::snprintf(line, sizeof line,
+                  "%7lld %-13s %10.1f %10.1f %10.1f %8.1f %9.1f %8.1f %5.0f%%%c %8.1f %6.1f%% %8.3fx %6.0f%% %6lld\n",
                   static_cast<long long>(b.tokens), sched.c_str(), b.median_us, b.p10_us, b.p90_us,
-                  static_cast<double>(b.bytes) / 1e6, b.gbps, 100 * b.bandwidth_fraction, b.gflops,
-                  100 * b.peak_fraction, b.speedup_vs_serial, 100 * b.hidden_fraction,
+                  static_cast<double>(b.bytes) / 1e6, b.gbps, b.read_gbps, 100 * b.bandwidth_fraction,
+                  drift ? '~' : ' ', b.gflops, 100 * b.peak_fraction, b.speedup_vs_serial, 100 * b.hidden_fraction,
                   static_cast<long long>(b.active_experts));
     s << line;
   }
+  s << "read_now: the read bandwidth measured just before and after each token count (mean); of_bw is GB/s over it\n";
+  if (drifted)
+    s << "~ the read bandwidth changed by more than " << static_cast<int>(100 * kReadDrift)
+      << "% during this token count: its fraction is less certain\n";
   // Graph mode: the host time a call costs eagerly vs replayed, same schedule and tokens.
   for (const BenchResult& g : r.results) {
     if (g.schedule.size() < 6 || g.schedule.compare(g.schedule.size() - 6, 6, "+graph") != 0) continue;
@@ -64,6 +73,8 @@ nlohmann::json bench_json(const BenchReport& r) {
                        {"active_experts", b.active_experts},
                        {"gbps", b.gbps},
                        {"bandwidth_fraction", b.bandwidth_fraction},
+                       {"read_gbps", b.read_gbps},
+                       {"read_change", b.read_change},
                        {"gflops", b.gflops},
                        {"peak_fraction", b.peak_fraction},
                        {"speedup_vs_serial", b.speedup_vs_serial},

@@ -17,7 +17,11 @@ struct BenchResult {
   double median_us = 0, p10_us = 0, p90_us = 0;
   int64_t bytes = 0;          // weight bytes the forward read (median over repetitions)
   int64_t active_experts = 0;
-  double gbps = 0, bandwidth_fraction = 0;
+  double gbps = 0, bandwidth_fraction = 0;  // the fraction of read_gbps
+  // The machine's read bandwidth measured just before and just after this token count's repetitions
+  // (mean), and how far apart the two were (|after - before| / mean): this machine's bandwidth changes
+  // between modes within a run, so a fraction is taken against the bandwidth of the moment.
+  double read_gbps = 0, read_change = 0;
   double gflops = 0, peak_fraction = 0;
   double speedup_vs_serial = 0;
   double shared_alone_us = 0;  // the shared branch's own time (ops' union in a traced serial forward)
@@ -34,6 +38,9 @@ struct BenchReport {
   double huge_page_fraction = -1;  // of the weights' resident pages, in 2 MiB pages (-1: unknown)
   std::vector<BenchResult> results;
 };
+
+// A token count whose bandwidth probes before and after differ by more than this is marked in the table.
+inline constexpr double kReadDrift = 0.15;
 
 std::string bench_table(const BenchReport& r);
 nlohmann::json bench_json(const BenchReport& r);

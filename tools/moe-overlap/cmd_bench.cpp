@@ -16,6 +16,7 @@
 #include "bench_report.h"
 #include "commands.h"
 #include "io/rss.h"
+#include "kernels/roofline.h"
 #include "layer/moe_layer.h"
 #include "layer_cost.h"
 #include "model/host_buffer.h"
@@ -103,6 +104,10 @@ class DeviceTimer {
     open_ = true;
   }
   double us() const { return static_cast<double>(end_.load() - start_.load()) / 1e3; }
+  // The read bandwidth now, measured over the eviction buffer; `fallback` without one.
+  double read_gbps(int threads, double fallback) const {
+    return evicts() ? measure_read_bandwidth_gbps(threads, evict_.data(), evict_.size()) : fallback;
+  }
 
  private:
   HostBuffer evict_;
@@ -202,7 +207,12 @@ void run_bench(const BenchOptions& o) {
   rt::Stream main = rt::current_stream(*dev);
   std::vector<float> y(static_cast<size_t>(max_tokens * m.config.hidden));
   std::vector<float> xbuf(y.size());  // graph mode replays read the captured input buffer
+  // The bandwidth of the moment, around each token count: the probe reads the eviction buffer (no new
+  // memory in the peak RSS; about 50 ms). Without eviction the weights may come from cache anyway, and the
+  // figure from the start stands.
+  const auto read_now = [&] { return timer.read_gbps(dev->num_workers(), report.machine.read_gbps); };
   for (int64_t t : token_counts) {
+    const double read_before = read_now();
     std::vector<Samples> samples(variants.size());
     std::vector<LayerGraph> graphs(variants.size());
     for (size_t vi = 0; vi < variants.size(); ++vi)
@@ -232,6 +242,8 @@ void run_bench(const BenchOptions& o) {
         }
       }
     }
+    const double read_after = read_now();
+    const double read_gbps = (read_before + read_after) / 2;
     const std::vector<float> x = random_activations(t, m.config.hidden, o.model.seed + 99);
     const double shared_us = shared_alone_us(layer, *dev, x, t, y.data(), timer);
     const double med_bytes = quantile(bytes, 0.5), med_flops = quantile(flops, 0.5);
@@ -251,7 +263,9 @@ void run_bench(const BenchOptions& o) {
       b.bytes = static_cast<int64_t>(med_bytes);
       b.active_experts = static_cast<int64_t>(quantile(experts, 0.5));
       b.gbps = b.median_us > 0 ? med_bytes / (b.median_us * 1e3) : 0;
-      b.bandwidth_fraction = report.machine.read_gbps > 0 ? b.gbps / report.machine.read_gbps : 0;
+      b.read_gbps = read_gbps;
+      b.read_change = read_gbps > 0 ? std::abs(read_after - read_before) / read_gbps : 0;
+      b.bandwidth_fraction = read_gbps > 0 ? b.gbps / read_gbps : 0;
       b.gflops = b.median_us > 0 ? med_flops / (b.median_us * 1e3) : 0;
       const double peak = report.machine.kernel_peak_gflops(m.dtype);
       b.peak_fraction = peak > 0 ? b.gflops / peak : 0;
