@@ -104,6 +104,7 @@ TEST(Layer, ExpertParallelRankOutputsItsLocalExpertsOnly) {
     EXPECT_LE(expect_close_to_reference(c, w, x, 40, serial, tc.name + " half the experts"), 2);
     expect_bitwise(run(layer, x, 40, Schedule::kDual), serial, tc.name + " dual, half the experts");
     expect_bitwise(run(layer, x, 40, Schedule::kPhased), serial, tc.name + " phased, half the experts");
+    expect_bitwise(run(layer, x, 40, Schedule::kFused), serial, tc.name + " fused, half the experts");
   }
 }
 
@@ -117,7 +118,7 @@ void expect_schedules_bitwise(const MoeConfig& c, const LayerWeights& w, const s
                               std::vector<std::unique_ptr<MoeLayer>>& layers, const std::string& what) {
   const auto base = run(*layers[0], x, tokens, Schedule::kSerial);
   for (auto& layer : layers)
-    for (Schedule s : {Schedule::kSerial, Schedule::kDual, Schedule::kPhased})
+    for (Schedule s : kRunnableSchedules)
       expect_bitwise(run(*layer, x, tokens, s), base,
                      what + " tokens " + std::to_string(tokens) + " " + std::string(schedule_name(s)) + " on " +
                          std::to_string(layer->device().num_workers()) + " workers");

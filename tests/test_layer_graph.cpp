@@ -48,7 +48,7 @@ TEST(LayerGraph, ReplayIsBitwiseEagerForEveryFamilyScheduleAndBucket) {
       std::vector<std::vector<float>> inputs;
       for (uint64_t i = 0; i < 3; ++i) inputs.push_back(random_input(tokens * tc.config.hidden, 100 * tokens + i));
       const auto serial = run_body(layer, Mode::kEager, Schedule::kSerial, tokens, inputs);
-      for (Schedule s : {Schedule::kSerial, Schedule::kDual, Schedule::kPhased}) {
+      for (Schedule s : kRunnableSchedules) {
         for (Mode mode : {Mode::kEager, Mode::kGraph}) {
           const auto out = run_body(layer, mode, s, tokens, inputs);
           for (size_t i = 0; i < inputs.size(); ++i)

@@ -27,7 +27,8 @@ TEST(LayerSanitizer, NoUnorderedAccessInAnySchedule) {
     auto x = random_input(tokens * tc.config.hidden, 52);
     std::vector<float> y(x.size()), y2(x.size());
     // Back to back without a host synchronisation, switching schedules: consecutive calls reuse workspaces.
-    for (Schedule s : {Schedule::kDual, Schedule::kPhased, Schedule::kSerial, Schedule::kPhased, Schedule::kDual})
+    for (Schedule s : {Schedule::kDual, Schedule::kPhased, Schedule::kSerial, Schedule::kFused, Schedule::kPhased,
+                       Schedule::kFused, Schedule::kDual})
       layer.forward(x.data(), tokens, (static_cast<int>(s) & 1) ? y.data() : y2.data(), {.schedule = s});
     const LayerGraph g = layer.capture(x.data(), tokens, y.data(), {.schedule = Schedule::kPhased});
     layer.replay(g, x.data(), tokens, y.data());
@@ -46,7 +47,7 @@ TEST(LayerSanitizer, OpsWriteOnlyWhatTheyDeclare) {
     const int64_t tokens = 9;
     const auto x = random_input(tokens * tc.config.hidden, 54);
     float* y = static_cast<float*>(chk->allocate_guarded(x.size() * sizeof(float), "y"));
-    for (Schedule s : {Schedule::kSerial, Schedule::kDual, Schedule::kPhased}) {
+    for (Schedule s : kRunnableSchedules) {
       layer.forward(x.data(), tokens, y, {.schedule = s, .check_input = true});
       EXPECT_NO_THROW(dev->synchronize()) << tc.name << " " << schedule_name(s);
     }

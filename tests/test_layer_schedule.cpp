@@ -136,6 +136,55 @@ TEST(Schedule, SerialRunsEverythingOnTheCallersStream) {
   EXPECT_EQ(names, expected);  // deepseek: no shared_gate
 }
 
+// fused: the shared expert's tiles join the routed expert operations; 7 operations, all on the caller's
+// stream, the same bits as serial.
+TEST(Schedule, FusedFoldsTheSharedExpertIntoTheRoutedOps) {
+  auto dev = rt::make_cpu_device({.num_workers = 2});
+  for (const std::string name : {"qwen2_moe", "deepseek_v3"}) {
+    const MoeConfig c = tiny(name);
+    const LayerWeights w = make_random_weights(c, {.seed = 5});
+    MoeLayer layer(c, w, *dev, always());
+    const auto x = random_input(12 * c.hidden, 6);
+    std::vector<float> serial(x.size()), fused(x.size());
+    layer.forward(x.data(), 12, serial.data(), {.schedule = Schedule::kSerial});
+    dev->default_stream().synchronize();
+    dev->set_tracing(true);
+    layer.forward(x.data(), 12, fused.data(), {.schedule = Schedule::kFused});
+    dev->default_stream().synchronize();
+    dev->set_tracing(false);
+    const rt::Trace t = dev->take_trace();
+    std::vector<std::string> names;
+    for (const rt::OpRecord& r : t.ops) {
+      EXPECT_EQ(r.stream_id, dev->default_stream().id()) << name << " " << r.name;
+      names.push_back(r.name);
+    }
+    const std::vector<std::string> expected = {"router",     "topk",    "dispatch", "fused.gate_up",
+                                               "fused.down", "combine", "sum"};
+    EXPECT_EQ(names, expected) << name;
+    EXPECT_TRUE(t.edges.empty()) << name << ": no cross-stream edge";
+    EXPECT_EQ(std::memcmp(fused.data(), serial.data(), x.size() * 4), 0) << name;
+  }
+}
+
+// concat_ops: every tile of every part exactly once, at its own index within the part; all accesses kept.
+TEST(Schedule, ConcatOpsRunsEveryPartsTilesOnce) {
+  std::vector<int> hits_a(3), hits_b(0), hits_c(5);
+  auto part = [](std::vector<int>& hits, const char* name, float* buf) {
+    return rt::Op{.name = name, .num_tiles = static_cast<int>(hits.size()),
+                  .tile = [&hits](int t) { ++hits.at(static_cast<size_t>(t)); },
+                  .accesses = {rt::writes(buf, 4)}};
+  };
+  float a = 0, b = 0, cc = 0;
+  const rt::Op op = ops::concat_ops("both", {part(hits_a, "a", &a), part(hits_b, "b", &b), part(hits_c, "c", &cc)});
+  EXPECT_EQ(op.name, "both");
+  ASSERT_EQ(op.num_tiles, 8);
+  for (int t = 0; t < op.num_tiles; ++t) op.tile(t);
+  EXPECT_EQ(hits_a, std::vector<int>(3, 1));
+  EXPECT_EQ(hits_c, std::vector<int>(5, 1));
+  ASSERT_EQ(op.accesses.size(), 3u);
+  EXPECT_EQ(op.accesses[2].ptr, &cc);
+}
+
 TEST(Schedule, OneProcessWideSideStreamForEveryLayer) {
   auto dev = rt::make_cpu_device({.num_workers = 2});
   const MoeConfig c = tiny("qwen2_moe");
@@ -156,8 +205,8 @@ TEST(Schedule, BackToBackCallsWithMixedSchedules) {
     const MoeConfig c = tiny(name);
     const LayerWeights w = make_random_weights(c, {.seed = 4});
     MoeLayer layer(c, w, *dev, always());
-    const Schedule order[] = {Schedule::kDual, Schedule::kPhased, Schedule::kSerial, Schedule::kPhased,
-                              Schedule::kDual, Schedule::kDual};
+    const Schedule order[] = {Schedule::kDual, Schedule::kPhased, Schedule::kFused, Schedule::kSerial,
+                              Schedule::kPhased, Schedule::kFused, Schedule::kDual, Schedule::kDual};
     const int64_t tokens = 24;
     std::vector<std::vector<float>> xs, ys;
     for (size_t i = 0; i < std::size(order); ++i) {
@@ -195,6 +244,10 @@ TEST(Policy, EffectiveSchedule) {
   const ScheduleDecision none = decide_schedule(tiny("qwen3_moe"), OverlapPolicy::always(), Schedule::kPhased, 4, false);
   EXPECT_EQ(none.schedule, Schedule::kSerial);
   EXPECT_NE(none.reason.find("no shared expert"), std::string::npos);
+  // fused runs on one stream: the overlap policies leave it alone; without a shared expert it is serial.
+  const OverlapPolicy off{.multi_stream = false, .decode_only = true, .token_threshold = 64};
+  EXPECT_EQ(decide_schedule(c, off, Schedule::kFused, 1000, true).schedule, Schedule::kFused);
+  EXPECT_EQ(decide_schedule(tiny("qwen3_moe"), off, Schedule::kFused, 4, false).schedule, Schedule::kSerial);
   EXPECT_EQ(decide_schedule(c, OverlapPolicy::always(), Schedule::kSerial, 4, false).reason, "");
 }
 
@@ -294,8 +347,8 @@ TEST(Policy, MalformedTuningTablesAreRejectedNamingTheEntry) {
 }
 
 TEST(Policy, ScheduleNames) {
-  for (Schedule s : {Schedule::kSerial, Schedule::kDual, Schedule::kPhased, Schedule::kAuto})
-    EXPECT_EQ(parse_schedule(schedule_name(s)), s);
+  for (Schedule s : kRunnableSchedules) EXPECT_EQ(parse_schedule(schedule_name(s)), s);
+  EXPECT_EQ(parse_schedule("auto"), Schedule::kAuto);
   EXPECT_THROW(parse_schedule("fused2"), std::invalid_argument);
 }
 
@@ -354,7 +407,7 @@ TEST(Validation, ForwardArguments) {
 
   // A NaN in x: check_input fails the stream naming the token and the column; the stream recovers.
   x[static_cast<size_t>(5 * c.hidden + 7)] = std::numeric_limits<float>::quiet_NaN();
-  for (Schedule s : {Schedule::kSerial, Schedule::kDual, Schedule::kPhased}) {
+  for (Schedule s : kRunnableSchedules) {
     layer.forward(x.data(), 16, y.data(), {.schedule = s, .check_input = true});
     try {
       dev->default_stream().synchronize();

@@ -132,7 +132,7 @@ TEST_F(Cli, BenchWritesTableJsonAndPlot) {
                        path("b.json") + " --svg " + path("b.svg"));
   ASSERT_EQ(r.status, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(path("b.json")));
-  ASSERT_EQ(j["results"].size(), 2u * 6u);  // 2 token counts x 3 schedules x eager/graph
+  ASSERT_EQ(j["results"].size(), 2u * 8u);  // 2 token counts x 4 schedules x eager/graph
   for (const char* key : {"schedule", "tokens", "median_us", "p10_us", "p90_us", "bytes", "gbps", "bandwidth_fraction",
                           "gflops", "peak_fraction", "speedup_vs_serial", "hidden_fraction"})
     EXPECT_TRUE(j["results"][0].contains(key)) << key;

@@ -183,6 +183,7 @@ void MoeLayer::enqueue(Schedule s, const ops::Context& c, rt::Stream& main, bool
     case Schedule::kSerial: enqueue_serial(c, main, check); break;
     case Schedule::kDual: enqueue_dual(c, main, check, ev); break;
     case Schedule::kPhased: enqueue_phased(c, main, check, ev); break;
+    case Schedule::kFused: enqueue_fused(c, main, check); break;
     case Schedule::kAuto: throw std::logic_error("MoeLayer::enqueue: kAuto must be resolved by decide_schedule");
   }
 }
@@ -213,6 +214,17 @@ void MoeLayer::enqueue_serial(const ops::Context& c, rt::Stream& main, bool chec
   launch_routed(c, main);
   if (!config_.has_shared_expert()) return;
   launch_shared(c, main);
+  main.launch(ops::make_sum_op(c));
+}
+
+void MoeLayer::enqueue_fused(const ops::Context& c, rt::Stream& main, bool check) {
+  if (check) main.launch(ops::make_check_input_op(c));
+  main.launch(ops::make_router_op(c));
+  main.launch(ops::make_topk_op(c));
+  main.launch(ops::make_dispatch_op(c));
+  main.launch(ops::make_fused_gate_up_op(c));
+  main.launch(ops::make_fused_down_op(c));
+  main.launch(ops::make_combine_op(c));
   main.launch(ops::make_sum_op(c));
 }
 

@@ -1,5 +1,5 @@
 // The MoE feed-forward layer on the stream runtime, for every family of ../shared/docs/moe-spec.md, with the
-// serial / dual / phased schedules of layer/schedule.h.
+// serial / dual / phased / fused schedules of layer/schedule.h.
 //
 // Example:
 //   auto dev = moe::rt::make_cpu_device({.num_workers = 2});
@@ -127,6 +127,7 @@ class MoeLayer {
   void enqueue_serial(const ops::Context& c, rt::Stream& main, bool check);
   void enqueue_dual(const ops::Context& c, rt::Stream& main, bool check, Events& ev);
   void enqueue_phased(const ops::Context& c, rt::Stream& main, bool check, Events& ev);
+  void enqueue_fused(const ops::Context& c, rt::Stream& main, bool check);
   void allocate_workspaces();
 
   MoeConfig config_;

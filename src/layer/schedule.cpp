@@ -10,15 +10,18 @@ std::string_view schedule_name(Schedule s) {
     case Schedule::kSerial: return "serial";
     case Schedule::kDual: return "dual";
     case Schedule::kPhased: return "phased";
+    case Schedule::kFused: return "fused";
     case Schedule::kAuto: return "auto";
   }
   return "?";
 }
 
 Schedule parse_schedule(std::string_view name) {
-  for (Schedule s : {Schedule::kSerial, Schedule::kDual, Schedule::kPhased, Schedule::kAuto})
+  for (Schedule s : kRunnableSchedules)
     if (schedule_name(s) == name) return s;
-  throw std::invalid_argument("unknown schedule '" + std::string(name) + "' (expected serial, dual, phased or auto)");
+  if (name == schedule_name(Schedule::kAuto)) return Schedule::kAuto;
+  throw std::invalid_argument("unknown schedule '" + std::string(name) +
+                              "' (expected serial, dual, phased, fused or auto)");
 }
 
 Schedule TuningTable::pick(int64_t tokens) const {
@@ -78,6 +81,7 @@ ScheduleDecision decide_schedule(const MoeConfig& config, const OverlapPolicy& p
   if (requested == Schedule::kSerial) return {Schedule::kSerial, ""};
   if (!config.has_shared_expert())
     return {Schedule::kSerial, "model_type " + config.model_type + " has no shared expert: nothing to overlap"};
+  if (requested == Schedule::kFused) return {Schedule::kFused, ""};  // one stream: no overlap policy applies
   if (!policy.multi_stream) return {Schedule::kSerial, "multi-stream overlap is off (MOE_OVERLAP_MULTI_STREAM=0)"};
   if (policy.decode_only && prefill) return {Schedule::kSerial, "prefill call under the decode-only policy"};
   if (policy.token_threshold > 0 && tokens > policy.token_threshold)

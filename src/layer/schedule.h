@@ -7,9 +7,15 @@
 //   phased: form B. The shared expert in three segments, each released by a wait on an event recorded on the
 //           main stream: (shared_gate + gate_up) during top-k/dispatch, act during the expert compute, down
 //           during the combine; join before the sum.
+//   fused:  the alternative to overlap that serving engines use where they can (SGLang's and vLLM's shared-
+//           expert fusion): the shared expert joins the routed expert operations as one more, always-chosen
+//           expert on the same stream. Its gate_up (with SiLU-and-multiply, and its gate) tiles run in one
+//           operation with experts.gate_up, its down tiles with experts.down: four fewer operations (and
+//           barriers) per call, and the shared tiles fill workers the routed ones leave idle. One stream, so
+//           the overlap policies below do not apply.
 //   auto:   the schedule a tuning table measured fastest on this machine for the call's token count
 //           (`moe-overlap bench --tune FILE` writes one); serial when the layer has none.
-// All schedules run the same operations with the same reduction orders: the output is bitwise identical.
+// All schedules run the same arithmetic with the same reduction orders: the output is bitwise identical.
 #pragma once
 
 #include <cstdint>
@@ -22,10 +28,14 @@
 
 namespace moe {
 
-enum class Schedule : uint8_t { kSerial, kDual, kPhased, kAuto };
+enum class Schedule : uint8_t { kSerial, kDual, kPhased, kFused, kAuto };
+
+// Every schedule a call can run (kAuto resolves to one of them).
+inline constexpr Schedule kRunnableSchedules[] = {Schedule::kSerial, Schedule::kDual, Schedule::kPhased,
+                                                  Schedule::kFused};
 
 std::string_view schedule_name(Schedule s);
-// Accepts "serial", "dual", "phased", "auto"; throws std::invalid_argument listing them otherwise.
+// Accepts "serial", "dual", "phased", "fused", "auto"; throws std::invalid_argument listing them otherwise.
 Schedule parse_schedule(std::string_view name);
 
 // The fastest schedule per token count, measured on this machine (`moe-overlap bench --tune FILE`).
@@ -63,7 +73,7 @@ struct ScheduleDecision {
 };
 
 // The schedule a call actually runs: kAuto is resolved through `tuning` (may be null) first, then the
-// policies apply. A model without a shared expert (qwen3_moe) always runs serial.
+// policies apply to dual and phased. A model without a shared expert (qwen3_moe) always runs serial.
 ScheduleDecision decide_schedule(const MoeConfig& config, const OverlapPolicy& policy, Schedule requested,
                                  int64_t tokens, bool prefill, const TuningTable* tuning = nullptr);
 

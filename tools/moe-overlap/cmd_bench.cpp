@@ -32,7 +32,7 @@ namespace {
 struct BenchOptions {
   ModelOptions model;
   std::string tokens = "1,2,4,8,16,32,64,128,256,512";
-  std::string schedules = "serial,dual,phased";
+  std::string schedules = "serial,dual,phased,fused";
   int threads = 0, repeats = 10, warmup = 2;
   int64_t evict_mib = 256;
   bool no_policy = false, graph = false;

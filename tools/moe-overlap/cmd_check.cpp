@@ -76,14 +76,14 @@ class Checker {
     auto dev = rt::make_cpu_device({.num_workers = o_.threads});
     const std::vector<float> serial = forward(*dev, c, w, x, t, Schedule::kSerial);
     check_reference(at, c, w, x, t, serial);
-    const Schedule overlapped[] = {Schedule::kDual, Schedule::kPhased};
-    for (Schedule s : overlapped) {
+    for (Schedule s : kRunnableSchedules) {
+      if (s == Schedule::kSerial) continue;
       const std::vector<float> y = forward(*dev, c, w, x, t, s);
       report(same_bits(y, serial),
              at + " " + std::string(schedule_name(s)) + " bitwise == serial");
     }
     if (o_.graph)
-      for (Schedule s : {Schedule::kSerial, Schedule::kDual, Schedule::kPhased}) {
+      for (Schedule s : kRunnableSchedules) {
         const std::vector<float> y = forward(*dev, c, w, x, t, s, /*graph=*/true);
         report(same_bits(y, serial),
                at + " " + std::string(schedule_name(s)) + " graph replay bitwise == eager serial");
@@ -91,7 +91,7 @@ class Checker {
     if (o_.sanitize) {
       auto sdev = rt::make_cpu_device({.num_workers = o_.threads});
       auto san = rt::enable_sanitizer(*sdev, {.throw_on_first = false});
-      for (Schedule s : {Schedule::kSerial, Schedule::kDual, Schedule::kPhased}) {
+      for (Schedule s : kRunnableSchedules) {
         forward(*sdev, c, w, x, t, s);
         if (o_.graph) forward(*sdev, c, w, x, t, s, /*graph=*/true);
         const auto reports = san->take_reports();
@@ -100,7 +100,7 @@ class Checker {
       }
     }
     if (o_.fuzz) {
-      for (Schedule s : {Schedule::kSerial, Schedule::kDual, Schedule::kPhased}) {
+      for (Schedule s : kRunnableSchedules) {
         rt::FuzzConfig fc;
         fc.num_workers = o_.threads > 0 ? o_.threads : 2;
         fc.seed = o_.model.seed + 1;

@@ -56,7 +56,7 @@ void run_trace(const TraceOptions& o) {
   if (!d.reason.empty()) std::printf("note: %s\n", d.reason.c_str());
   std::printf("  %zu operations on %s; forward %.1f us; shared branch busy %.1f us, routed path busy %.1f us, "
               "both at once %.1f us\n",
-              trace.ops.size(), d.schedule == Schedule::kSerial ? "one stream" : "two streams", s.span_us,
+              trace.ops.size(), d.schedule == Schedule::kSerial || d.schedule == Schedule::kFused ? "one stream" : "two streams", s.span_us,
               s.shared_us, s.routed_us, s.concurrent_us);
   std::printf("  wrote %s%s%s\n", o.out.c_str(), o.svg.empty() ? "" : " and ", o.svg.c_str());
 }
@@ -71,8 +71,10 @@ void add_trace_command(CLI::App& app) {
   add_tuning_option(cmd, o->model);
   cmd->add_option("--tokens", o->tokens, "tokens in the forward")->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
-  cmd->add_option("--schedule", o->schedule, "serial, dual, phased, or auto (the --tuning table's choice)")
-      ->check(CLI::IsMember({"serial", "dual", "phased", "auto"}))
+  cmd->add_option("--schedule", o->schedule,
+                  "serial, dual, phased, fused (the shared expert inside the routed expert ops), or auto (the "
+                  "--tuning table's choice)")
+      ->check(CLI::IsMember({"serial", "dual", "phased", "fused", "auto"}))
       ->capture_default_str();
   cmd->add_option("--out", o->out, "Chrome trace JSON output")->capture_default_str();
   cmd->add_option("--svg", o->svg, "SVG timeline output");

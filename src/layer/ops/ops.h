@@ -4,6 +4,8 @@
 //   shared branch:             shared_gate, shared_expert.gate_up, shared_expert.act, shared_expert.down
 //   join:                      sum
 //   optional:                  check_input
+//   fused schedule:            fused.gate_up (shared_gate + shared gate_up with its act + experts.gate_up),
+//                              fused.down (shared down + experts.down), each one operation
 // An op's tile count is fixed when it is enqueued, before routing is known (and graph mode captures it once),
 // so the expert grids are sized for the worst case and surplus tiles return at once. Tiles cut output rows and
 // columns, never a reduction, so every output element is computed by exactly one tile in a fixed order
@@ -19,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "model/config.h"
@@ -100,5 +103,14 @@ rt::Op make_shared_gate_up_op(const Context& c);
 rt::Op make_shared_act_op(const Context& c);
 rt::Op make_shared_down_op(const Context& c);
 rt::Op make_sum_op(const Context& c);  // y = routed + gate * shared (gate = 1 when ungated)
+
+// The shared expert's gate_up with SiLU-and-multiply on each tile's own cells, writing h directly (the
+// fused schedule; the same arithmetic as gate_up followed by act, through gate_up_silu).
+rt::Op make_shared_gate_up_act_op(const Context& c);
+// One operation running the tiles of `parts` in order (tile t of the result is tile t - offset of its
+// part) and declaring all their accesses: for parts that are independent of one another.
+rt::Op concat_ops(std::string name, std::vector<rt::Op> parts);
+rt::Op make_fused_gate_up_op(const Context& c);
+rt::Op make_fused_down_op(const Context& c);
 
 }  // namespace moe::ops

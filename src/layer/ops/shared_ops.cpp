@@ -3,6 +3,7 @@
 //   "shared_expert.gate_up"  g = x gate_proj^T, u = x up_proj^T   [T, Is] each
 //   "shared_expert.act"      h = silu(g) * u
 //   "shared_expert.down"     out = h down_proj^T                   [T, H]
+//   "shared_expert.gate_up_act"  gate_up and act in one (the fused schedule), bitwise the same h
 // The gate scaling is applied by "sum", so every schedule runs the same arithmetic.
 #include <algorithm>
 
@@ -50,6 +51,22 @@ rt::Op make_shared_gate_up_op(const Context& c) {
   };
   op.accesses = {rt::reads(x, static_cast<size_t>(t * h) * 4), rt::writes(b.g, static_cast<size_t>(t * is) * 4),
                  rt::writes(b.u, static_cast<size_t>(t * is) * 4)};
+  return op;
+}
+
+rt::Op make_shared_gate_up_act_op(const Context& c) {
+  const int64_t t = c.tokens, h = c.config->hidden, is = c.config->shared_intermediate;
+  const Grid grid = token_grid(c, is);
+  const ExpertWeights w = c.weights->shared;
+  const float* x = c.x;
+  const SharedBuffers b = c.shared;
+  rt::Op op{.name = "shared_expert.gate_up_act", .num_tiles = grid.num_tiles()};
+  op.tile = [=](int tile) {
+    const Grid::Cell cell = grid.cell(tile);
+    if (cell.r0 >= cell.r1) return;
+    gate_up_silu(x + cell.r0 * h, cell.r1 - cell.r0, h, w.gate, w.up, cell.c0, cell.c1, b.h + cell.r0 * is, is);
+  };
+  op.accesses = {rt::reads(x, static_cast<size_t>(t * h) * 4), rt::writes(b.h, static_cast<size_t>(t * is) * 4)};
   return op;
 }
 
