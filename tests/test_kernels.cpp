@@ -119,7 +119,7 @@ void check_against_reference(DType dt, int64_t M, int64_t N, int64_t K, int64_t 
 TEST_P(KernelIsa, MatchesFp64ReferenceOddSizes) {
   for (DType dt : kDTypes) {
     for (int64_t K : {1, 7, 16, 33, 129, 300}) check_against_reference(dt, 3, 13, K, 0, 13);
-    for (int64_t M : {1, 2, 3, 4, 5, 8, 17, 37}) check_against_reference(dt, M, 11, 100, 0, 11);
+    for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 37}) check_against_reference(dt, M, 11, 100, 0, 11);
     check_against_reference(dt, 5, 19, 64, 3, 17);  // sub-range with both tails
   }
 }

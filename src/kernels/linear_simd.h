@@ -12,9 +12,10 @@
 // weight_at() defines them (fp8 value * block scale, rounded once), element by element.
 //
 // Loop structure (linear_rows): tokens in macro-blocks of up to kMaxMacroTokens (their x rows stay in
-// L2), then row blocks (8 rows for a single token, else 4), then either one register-blocked pass for up
-// to 4 tokens (micro_kernel) or, for more, fp32 panels of the rows shared by 4-token micro-blocks
-// (row_block_panel). Each weight row is streamed from memory once per macro-block.
+// L2), then row blocks (2 to 8 rows, by token count, row length and dtype), then one register-blocked
+// pass for up to 4 tokens (micro_kernel), two passes for 5-8 (two_passes), or, for more, fp32 panels of
+// the rows shared by micro-blocks of 3-4 tokens (row_block_panel). Each weight row is streamed from
+// memory once per macro-block.
 #pragma once
 
 #include <algorithm>
@@ -261,6 +262,23 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
     for (int r = 0; r < R; ++r) y[t * ldy + r] = V::hsum(V::load(acc_mem + (t * R + r) * L));
 }
 
+// R rows against 4 < M <= 8 tokens in two register-blocked passes, tokens [0, 4) and [4, M): the second
+// re-reads the R rows from L1. Below 9 tokens this beats converting the rows into fp32 panels, whose store
+// and reload the few tokens do not repay (one thread, bf16 weights from DRAM, 6 rows: 512x2048 at 5-8
+// tokens 88-106 us against 99-113 us; 2048x512 78-101 us against 109-125 us).
+template <class V, DType D, int R>
+void two_passes(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
+  micro_kernel<V, D, R, 4>(x, ldx, w, n, y, ldy);
+  x += 4 * ldx;
+  y += 4 * ldy;
+  switch (M - 4) {
+    case 1: micro_kernel<V, D, R, 1>(x, ldx, w, n, y, ldy); break;
+    case 2: micro_kernel<V, D, R, 2>(x, ldx, w, n, y, ldy); break;
+    case 3: micro_kernel<V, D, R, 3>(x, ldx, w, n, y, ldy); break;
+    default: micro_kernel<V, D, R, 4>(x, ldx, w, n, y, ldy); break;
+  }
+}
+
 // One row block against tokens [0, M), M <= kMaxMacroTokens.
 template <class V, DType D, int R>
 void row_block(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
@@ -305,12 +323,15 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
     if (mc == 1)  // one token: more rows in flight to cover the FMA latency
       for (; n + 8 <= n1; n += 8) micro_kernel<V, D, 8, 1>(xm, ldx, w, n, ym + (n - n0), ldy);
     // 4 tokens: 6 rows x 4 tokens fills 24 of 32 registers (measured ~10% faster than 4 x 4 for bf16 on
-    // one thread); fp8 rows carry a scale register each and stay at 4.
+    // one thread); fp8 rows carry a scale register each and stay at 4. 5-8 tokens: the same in two passes.
     if (mc == 4 && V::kWideBlocks && D != DType::kF8E4M3)
       for (; n + 6 <= n1; n += 6) micro_kernel<V, D, 6, 4>(xm, ldx, w, n, ym + (n - n0), ldy);
+    if (mc > 4 && mc <= 8 && V::kWideBlocks && D != DType::kF8E4M3)
+      for (; n + 6 <= n1; n += 6) two_passes<V, D, 6>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     // Wide panels (8 rows x 3 tokens, FMAs on L1-resident panel rows) halve the x traffic per FMA. With
-    // the next row block streamed under all micro-blocks they are the faster choice from 5 tokens on
-    // (Qwen3-Next prefill of 512 tokens: 144-149 -> 134-136 ms; fp8 2048x7168 at 8 tokens: 1.95 -> 1.74 ms).
+    // the next row block streamed under all micro-blocks they are the faster choice from 9 tokens on, and
+    // for fp8 from 5 (Qwen3-Next prefill of 512 tokens: 144-149 -> 134-136 ms; fp8 2048x7168 at 8 tokens:
+    // 1.95 -> 1.74 ms).
     if (mc > 4 && V::kPanelRows > 4)
       for (; n + V::kPanelRows <= n1; n += V::kPanelRows)
         row_block_panel<V, D, V::kPanelRows>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
