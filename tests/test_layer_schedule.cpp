@@ -39,8 +39,8 @@ MoeConfig trace_config() {
 }
 
 const std::set<std::string> kRouted = {"router", "topk", "dispatch", "experts.gate_up", "experts.down", "combine"};
-const std::set<std::string> kShared = {"shared_gate", "shared_expert.gate_up", "shared_expert.act",
-                                       "shared_expert.down"};
+const std::set<std::string> kShared = {"shared_gate", "shared.gate_up", "shared.act",
+                                       "shared.down"};
 
 const rt::OpRecord& find(const rt::Trace& t, const std::string& name) {
   for (const rt::OpRecord& r : t.ops)
@@ -94,9 +94,9 @@ TEST(Schedule, TraceShowsSharedExpertOverlappingRoutedPathAndItsOrderingEdges) {
       }
       if (s == Schedule::kPhased) {
         expect_before(t, "router", "shared_gate");
-        expect_before(t, "router", "shared_expert.gate_up");
-        expect_before(t, "dispatch", "shared_expert.act");
-        expect_before(t, "experts.down", "shared_expert.down");
+        expect_before(t, "router", "shared.gate_up");
+        expect_before(t, "dispatch", "shared.act");
+        expect_before(t, "experts.down", "shared.down");
       }
       int forks = 0, joins = 0;
       for (const rt::EdgeRecord& e : t.edges) {
@@ -132,7 +132,7 @@ TEST(Schedule, SerialRunsEverythingOnTheCallersStream) {
     names.insert(r.name);
   }
   const std::set<std::string> expected = {"router", "topk", "dispatch", "experts.gate_up", "experts.down", "combine",
-                                          "shared_expert.gate_up", "shared_expert.act", "shared_expert.down", "sum"};
+                                          "shared.gate_up", "shared.act", "shared.down", "sum"};
   EXPECT_EQ(names, expected);  // deepseek: no shared_gate
 }
 

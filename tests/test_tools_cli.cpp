@@ -177,12 +177,12 @@ TEST_F(Cli, TraceWritesChromeJsonAndTimeline) {
       streams.insert(e["tid"].get<int>());
     }
   for (const char* op : {"router", "topk", "dispatch", "experts.gate_up", "experts.down", "combine",
-                         "shared_expert.gate_up", "shared_expert.down", "sum"})
+                         "shared.gate_up", "shared.down", "sum"})
     EXPECT_TRUE(names.count(op)) << op;
   EXPECT_EQ(streams.size(), 2u);
   std::ifstream svg(path("t.svg"));
   const std::string text((std::istreambuf_iterator<char>(svg)), {});
-  EXPECT_NE(text.find("shared_expert"), std::string::npos);
+  EXPECT_NE(text.find("shared.gate_up"), std::string::npos);
   EXPECT_NE(text.find("marker-end"), std::string::npos);  // event arrows
 }
 

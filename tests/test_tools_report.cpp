@@ -28,8 +28,8 @@ rt::OpRecord op(int stream, const std::string& name, int64_t start_us, int64_t e
 rt::Trace sample_trace() {
   rt::Trace t;
   t.num_workers = 2;
-  t.ops = {op(0, "router", 0, 10), op(1, "shared_expert.gate_up", 5, 25, 1), op(0, "experts.gate_up", 12, 40),
-           op(1, "shared_expert.down", 30, 50, 1), op(0, "sum", 50, 52)};
+  t.ops = {op(0, "router", 0, 10), op(1, "shared.gate_up", 5, 25, 1), op(0, "experts.gate_up", 12, 40),
+           op(1, "shared.down", 30, 50, 1), op(0, "sum", 50, 52)};
   t.edges.push_back({1, 2, 0, 9, 50'000});
   return t;
 }

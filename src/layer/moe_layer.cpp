@@ -128,7 +128,9 @@ void MoeLayer::forward(const float* x, int64_t tokens, float* y, const ForwardOp
   check_args(x, tokens, y);
   if (tokens == 0) return;
   rt::Stream main = rt::current_stream(device_);
-  enqueue(effective_schedule(options, tokens).schedule, context(x, tokens, y), main, options.check_input, events_);
+  const Schedule s =
+      choose_schedule(config_, options_.policy, options.schedule, tokens, options.prefill, &options_.tuning).schedule;
+  enqueue(s, context(x, tokens, y), main, options.check_input, events_);
   main.record(done_);
 }
 

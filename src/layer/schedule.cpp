@@ -67,27 +67,45 @@ OverlapPolicy OverlapPolicy::from_env() {
 
 OverlapPolicy OverlapPolicy::always() { return {.multi_stream = true, .decode_only = false, .token_threshold = 0}; }
 
+ScheduleChoice choose_schedule(const MoeConfig& config, const OverlapPolicy& policy, Schedule requested,
+                               int64_t tokens, bool prefill, const TuningTable* tuning) {
+  ScheduleChoice c{.schedule = Schedule::kSerial, .from_table = requested == Schedule::kAuto};
+  if (requested == Schedule::kAuto) {
+    if (tuning == nullptr || tuning->empty()) return {Schedule::kSerial, Schedule::kSerial, Fallback::kNoTuningTable, true};
+    requested = tuning->pick(tokens);
+  }
+  c.requested = requested;
+  if (requested == Schedule::kSerial) return c;
+  if (!config.has_shared_expert()) c.fallback = Fallback::kNoSharedExpert;
+  else if (requested == Schedule::kFused) c.schedule = requested;  // one stream: no overlap policy applies
+  else if (!policy.multi_stream) c.fallback = Fallback::kMultiStreamOff;
+  else if (policy.decode_only && prefill) c.fallback = Fallback::kPrefill;
+  else if (policy.token_threshold > 0 && tokens > policy.token_threshold) c.fallback = Fallback::kTokenThreshold;
+  else c.schedule = requested;
+  return c;
+}
+
 ScheduleDecision decide_schedule(const MoeConfig& config, const OverlapPolicy& policy, Schedule requested,
                                  int64_t tokens, bool prefill, const TuningTable* tuning) {
-  if (requested == Schedule::kAuto) {
-    if (tuning == nullptr || tuning->empty())
-      return {Schedule::kSerial, "auto without a tuning table (moe-overlap bench --tune FILE measures one)"};
-    requested = tuning->pick(tokens);
-    ScheduleDecision d = decide_schedule(config, policy, requested, tokens, prefill, nullptr);
-    const std::string chose = "auto: " + std::string(schedule_name(requested)) + " from the tuning table";
-    d.reason = d.reason.empty() ? chose : chose + ", then " + d.reason;
-    return d;
+  const ScheduleChoice c = choose_schedule(config, policy, requested, tokens, prefill, tuning);
+  std::string why;
+  switch (c.fallback) {
+    case Fallback::kNone: break;
+    case Fallback::kNoTuningTable: why = "auto without a tuning table (moe-overlap bench --tune FILE measures one)"; break;
+    case Fallback::kNoSharedExpert:
+      why = "model_type " + config.model_type + " has no shared expert: nothing to overlap";
+      break;
+    case Fallback::kMultiStreamOff: why = "multi-stream overlap is off (MOE_OVERLAP_MULTI_STREAM=0)"; break;
+    case Fallback::kPrefill: why = "prefill call under the decode-only policy"; break;
+    case Fallback::kTokenThreshold:
+      why = std::to_string(tokens) + " tokens > token threshold " + std::to_string(policy.token_threshold);
+      break;
   }
-  if (requested == Schedule::kSerial) return {Schedule::kSerial, ""};
-  if (!config.has_shared_expert())
-    return {Schedule::kSerial, "model_type " + config.model_type + " has no shared expert: nothing to overlap"};
-  if (requested == Schedule::kFused) return {Schedule::kFused, ""};  // one stream: no overlap policy applies
-  if (!policy.multi_stream) return {Schedule::kSerial, "multi-stream overlap is off (MOE_OVERLAP_MULTI_STREAM=0)"};
-  if (policy.decode_only && prefill) return {Schedule::kSerial, "prefill call under the decode-only policy"};
-  if (policy.token_threshold > 0 && tokens > policy.token_threshold)
-    return {Schedule::kSerial, std::to_string(tokens) + " tokens > token threshold " +
-                                   std::to_string(policy.token_threshold)};
-  return {requested, ""};
+  if (c.from_table && c.fallback != Fallback::kNoTuningTable) {
+    const std::string chose = "auto: " + std::string(schedule_name(c.requested)) + " from the tuning table";
+    why = why.empty() ? chose : chose + ", then " + why;
+  }
+  return {c.schedule, why};
 }
 
 }  // namespace moe

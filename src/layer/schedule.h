@@ -72,8 +72,21 @@ struct ScheduleDecision {
   std::string reason;  // why it differs from the request; empty when it does not
 };
 
+// Why a call runs serial instead of what was asked.
+enum class Fallback : uint8_t { kNone, kNoTuningTable, kNoSharedExpert, kMultiStreamOff, kPrefill, kTokenThreshold };
+
+struct ScheduleChoice {
+  Schedule schedule = Schedule::kSerial;   // what runs
+  Schedule requested = Schedule::kSerial;  // what was asked, with auto resolved through the table
+  Fallback fallback = Fallback::kNone;
+  bool from_table = false;                 // the request was auto
+};
+
 // The schedule a call actually runs: kAuto is resolved through `tuning` (may be null) first, then the
 // policies apply to dual and phased. A model without a shared expert (qwen3_moe) always runs serial.
+// choose_schedule allocates nothing (forward() calls it every time); decide_schedule adds the reason in words.
+ScheduleChoice choose_schedule(const MoeConfig& config, const OverlapPolicy& policy, Schedule requested,
+                               int64_t tokens, bool prefill, const TuningTable* tuning = nullptr);
 ScheduleDecision decide_schedule(const MoeConfig& config, const OverlapPolicy& policy, Schedule requested,
                                  int64_t tokens, bool prefill, const TuningTable* tuning = nullptr);
 

@@ -85,6 +85,32 @@ void CpuCore::pin_workers() {
   for (int w = 0; w < num_workers_; ++w) pin_thread(workers_[static_cast<size_t>(w)].native_handle(), w, cpus);
 }
 
+// ---- queue blocks --------------------------------------------------------------------------------------
+
+BlockPool::~BlockPool() {
+  for (auto& [bytes, blocks] : free_)
+    for (void* b : blocks) ::operator delete(b, bytes);
+}
+
+void* BlockPool::get(size_t bytes) {
+  for (auto& [size, blocks] : free_) {
+    if (size != bytes || blocks.empty()) continue;
+    void* b = blocks.back();
+    blocks.pop_back();
+    return b;
+  }
+  return ::operator new(bytes);
+}
+
+void BlockPool::put(void* block, size_t bytes) {
+  for (auto& [size, blocks] : free_) {
+    if (size != bytes) continue;
+    blocks.push_back(block);
+    return;
+  }
+  free_.emplace_back(bytes, std::vector<void*>{block});
+}
+
 // ---- enqueue -------------------------------------------------------------------------------------------
 
 CpuEntry& CpuCore::push_entry(CpuStream& s, CpuEntry::Kind kind) {

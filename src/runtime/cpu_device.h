@@ -48,8 +48,37 @@ struct CpuEntry {
   std::vector<OpRecord> node_traces;  // tracing only, one per node
 };
 
+// Recycles a stream queue's node blocks: a queue that fills and drains (a forward enqueues a dozen
+// entries, the workers retire them) then costs no heap allocation per entry, where std::deque would take
+// and free a block every entry or two. Used under CpuCore::mu_ only, like the queue itself.
+class BlockPool {
+ public:
+  BlockPool() = default;
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+  ~BlockPool();
+  void* get(size_t bytes);
+  void put(void* block, size_t bytes);
+
+ private:
+  std::vector<std::pair<size_t, std::vector<void*>>> free_;  // by block size (a deque uses two)
+};
+
+template <class T>
+struct PoolAllocator {
+  using value_type = T;
+  BlockPool* pool;
+  explicit PoolAllocator(BlockPool* p) : pool(p) {}
+  template <class U>
+  PoolAllocator(const PoolAllocator<U>& o) : pool(o.pool) {}  // NOLINT: rebinding must be implicit
+  T* allocate(size_t n) { return static_cast<T*>(pool->get(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) { pool->put(p, n * sizeof(T)); }
+  friend bool operator==(const PoolAllocator& a, const PoolAllocator& b) { return a.pool == b.pool; }
+};
+
 struct CpuStream : StreamImpl {
-  std::deque<CpuEntry> queue;
+  BlockPool pool;  // before the queue: outlives it
+  std::deque<CpuEntry, PoolAllocator<CpuEntry>> queue{PoolAllocator<CpuEntry>(&pool)};
   bool error = false;  // set by a failed op; cleared when synchronize() reports it
   std::string error_message;
 };

@@ -14,7 +14,7 @@ struct DeclarationChecker::Snapshot {
 
 namespace {
 
-bool declared_write(const std::vector<Access>& declared, const unsigned char* p) {
+bool declared_write(const AccessList& declared, const unsigned char* p) {
   for (const Access& a : declared) {
     if (a.mode == AccessMode::kRead || a.ptr == nullptr) continue;
     auto* b = static_cast<const unsigned char*>(a.ptr);
@@ -23,7 +23,7 @@ bool declared_write(const std::vector<Access>& declared, const unsigned char* p)
   return false;
 }
 
-std::string list_writes(const std::vector<Access>& declared) {
+std::string list_writes(const AccessList& declared) {
   std::string s;
   for (const Access& a : declared) {
     if (a.mode == AccessMode::kRead) continue;
@@ -88,7 +88,7 @@ std::vector<std::string> DeclarationChecker::violations() const {
   return violations_;
 }
 
-DeclarationChecker::Snapshot DeclarationChecker::take_snapshot(const std::vector<Access>& declared) const {
+DeclarationChecker::Snapshot DeclarationChecker::take_snapshot(const AccessList& declared) const {
   Snapshot s;
   {
     std::lock_guard lk(mu_);
@@ -100,7 +100,7 @@ DeclarationChecker::Snapshot DeclarationChecker::take_snapshot(const std::vector
 }
 
 void DeclarationChecker::compare(const Snapshot& before, const std::string& op, const std::string& stream,
-                                 const std::vector<Access>& declared) {
+                                 const AccessList& declared) {
   for (size_t i = 0; i < before.buffers.size(); ++i) {
     const Buffer& b = before.buffers[i];
     const std::vector<unsigned char>& old = before.bytes[i];

@@ -75,9 +75,9 @@ class DeclarationChecker : public Observer, public std::enable_shared_from_this<
   };
   struct Snapshot;  // the protected bytes of every buffer before one op
 
-  Snapshot take_snapshot(const std::vector<Access>& declared) const;
+  Snapshot take_snapshot(const AccessList& declared) const;
   void compare(const Snapshot& before, const std::string& op, const std::string& stream,
-               const std::vector<Access>& declared);
+               const AccessList& declared);
 
   const bool throw_in_op_;
   mutable std::mutex mu_;

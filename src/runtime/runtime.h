@@ -32,6 +32,9 @@
 #include <string>
 #include <vector>
 
+#include "runtime/small_function.h"
+#include "runtime/small_vector.h"
+
 namespace moe::rt {
 
 class Device;
@@ -62,12 +65,21 @@ inline Access updates(const void* p, size_t bytes) { return {p, bytes, AccessMod
 // A polling operation (poll set, tile empty) models work that happens elsewhere (a network transfer): the
 // scheduler calls poll() from time to time, never concurrently with itself, until it returns true. It never
 // occupies a worker between polls.
+//
+// Launching an operation allocates nothing when its name fits std::string's in-place buffer (15 chars),
+// its tile function's captures fit kTileInlineBytes and it declares at most kInlineAccesses ranges: a
+// serving loop's eager calls stay off the heap (graph replays never touch it).
+inline constexpr size_t kTileInlineBytes = 256;
+inline constexpr size_t kInlineAccesses = 8;
+using TileFunction = SmallFunction<void(int tile), kTileInlineBytes>;
+using AccessList = SmallVector<Access, kInlineAccesses>;
+
 struct Op {
   std::string name;
   int num_tiles = 1;
-  std::function<void(int tile)> tile;
+  TileFunction tile;
   std::function<bool()> poll;
-  std::vector<Access> accesses;
+  AccessList accesses;
 };
 
 // Raised by synchronize() when an operation on the stream threw. what() names the operation and the stream.

@@ -55,7 +55,7 @@ void launch_poison(Stream& s, void* p, size_t bytes, const std::string& what) {
 
 bool poisoning_enabled() { return g_poison_scopes.load(std::memory_order_acquire) > 0; }
 
-void poison_before_reuse(Stream& s, void* p, size_t bytes, const std::string& what) {
+void poison_before_reuse(Stream& s, void* p, size_t bytes, const char* what) {
   if (poisoning_enabled()) launch_poison(s, p, bytes, what);
 }
 

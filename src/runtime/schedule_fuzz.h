@@ -41,8 +41,9 @@ void poison_now(void* p, size_t bytes);
 // Enqueues the fill on `s` (declared as a write; the op is named kPoisonOpPrefix + ": " + what, so that the
 // sanitizer treats the bytes as uninitialised afterwards), whatever the scope.
 void launch_poison(Stream& s, void* p, size_t bytes, const std::string& what = "scratch");
-// launch_poison when poisoning is on, else nothing (one atomic load).
-void poison_before_reuse(Stream& s, void* p, size_t bytes, const std::string& what = "scratch");
+// launch_poison when poisoning is on, else nothing (one atomic load, no allocation: `what` becomes a
+// string only when the fill is launched).
+void poison_before_reuse(Stream& s, void* p, size_t bytes, const char* what = "scratch");
 bool poisoning_enabled();
 
 // Turns poisoning on for its lifetime (process-wide; scopes nest).

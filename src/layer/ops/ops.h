@@ -1,7 +1,7 @@
 // The layer's operations: each builds one rt::Op (a grid of tiles plus the buffers it reads and writes) for
 // one forward call. Names, as the trace shows them:
 //   routed path (main stream): router, topk, dispatch, experts.gate_up, experts.down, combine
-//   shared branch:             shared_gate, shared_expert.gate_up, shared_expert.act, shared_expert.down
+//   shared branch:             shared_gate, shared.gate_up, shared.act, shared.down
 //   join:                      sum
 //   optional:                  check_input
 //   fused schedule:            fused.gate_up (shared_gate + shared gate_up with its act + experts.gate_up),

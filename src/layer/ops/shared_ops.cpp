@@ -1,10 +1,11 @@
 // The shared expert's operations (run on the side stream under dual/phased):
-//   "shared_gate"            gate[t] = sigmoid(x_t . w_shared_gate) (Qwen only)
-//   "shared_expert.gate_up"  g = x gate_proj^T, u = x up_proj^T   [T, Is] each
-//   "shared_expert.act"      h = silu(g) * u
-//   "shared_expert.down"     out = h down_proj^T                   [T, H]
-//   "shared_expert.gate_up_act"  gate_up and act in one (the fused schedule), bitwise the same h
-// The gate scaling is applied by "sum", so every schedule runs the same arithmetic.
+//   "shared_gate"     gate[t] = sigmoid(x_t . w_shared_gate) (Qwen only)
+//   "shared.gate_up"  g = x gate_proj^T, u = x up_proj^T   [T, Is] each
+//   "shared.act"      h = silu(g) * u
+//   "shared.down"     out = h down_proj^T                   [T, H]
+//   "shared.swiglu"   gate_up and act in one (the fused schedule), bitwise the same h
+// The gate scaling is applied by "sum", so every schedule runs the same arithmetic. Names stay within
+// std::string's 15 in-place characters, so building an operation allocates nothing.
 #include <algorithm>
 
 #include "kernels/linear.h"
@@ -42,7 +43,7 @@ rt::Op make_shared_gate_up_op(const Context& c) {
   const ExpertWeights w = c.weights->shared;
   const float* x = c.x;
   const SharedBuffers b = c.shared;
-  rt::Op op{.name = "shared_expert.gate_up", .num_tiles = grid.num_tiles()};
+  rt::Op op{.name = "shared.gate_up", .num_tiles = grid.num_tiles()};
   op.tile = [=](int tile) {
     const Grid::Cell cell = grid.cell(tile);
     if (cell.r0 >= cell.r1) return;
@@ -60,7 +61,7 @@ rt::Op make_shared_gate_up_act_op(const Context& c) {
   const ExpertWeights w = c.weights->shared;
   const float* x = c.x;
   const SharedBuffers b = c.shared;
-  rt::Op op{.name = "shared_expert.gate_up_act", .num_tiles = grid.num_tiles()};
+  rt::Op op{.name = "shared.swiglu", .num_tiles = grid.num_tiles()};
   op.tile = [=](int tile) {
     const Grid::Cell cell = grid.cell(tile);
     if (cell.r0 >= cell.r1) return;
@@ -73,7 +74,7 @@ rt::Op make_shared_gate_up_act_op(const Context& c) {
 rt::Op make_shared_act_op(const Context& c) {
   const int64_t n = c.tokens * c.config->shared_intermediate;
   const SharedBuffers b = c.shared;
-  rt::Op op{.name = "shared_expert.act", .num_tiles = static_cast<int>((n + kActChunk - 1) / kActChunk)};
+  rt::Op op{.name = "shared.act", .num_tiles = static_cast<int>((n + kActChunk - 1) / kActChunk)};
   op.tile = [=](int tile) {
     const int64_t i0 = tile * kActChunk, i1 = std::min(i0 + kActChunk, n);
     silu_mul(b.g + i0, b.u + i0, b.h + i0, i1 - i0);
@@ -88,7 +89,7 @@ rt::Op make_shared_down_op(const Context& c) {
   const Grid grid = token_grid(c, h);
   const WeightView w = c.weights->shared.down;
   const SharedBuffers b = c.shared;
-  rt::Op op{.name = "shared_expert.down", .num_tiles = grid.num_tiles()};
+  rt::Op op{.name = "shared.down", .num_tiles = grid.num_tiles()};
   op.tile = [=](int tile) {
     const Grid::Cell cell = grid.cell(tile);
     if (cell.r0 >= cell.r1) return;
