@@ -37,39 +37,40 @@ rt::Op make_shared_gate_op(const Context& c) {
   return op;
 }
 
-rt::Op make_shared_gate_up_op(const Context& c) {
+namespace {
+// g and u (act = false), or h = silu(g) * u per tile through gate_up_silu (act = true): the same bits.
+rt::Op shared_gate_up(const Context& c, bool act) {
   const int64_t t = c.tokens, h = c.config->hidden, is = c.config->shared_intermediate;
   const Grid grid = token_grid(c, is);
   const ExpertWeights w = c.weights->shared;
   const float* x = c.x;
   const SharedBuffers b = c.shared;
-  rt::Op op{.name = "shared.gate_up", .num_tiles = grid.num_tiles()};
+  rt::Op op{.name = act ? "shared.swiglu" : "shared.gate_up", .num_tiles = grid.num_tiles()};
   op.tile = [=](int tile) {
     const Grid::Cell cell = grid.cell(tile);
     if (cell.r0 >= cell.r1) return;
-    linear(x + cell.r0 * h, cell.r1 - cell.r0, h, w.gate, cell.c0, cell.c1, b.g + cell.r0 * is, is);
-    linear(x + cell.r0 * h, cell.r1 - cell.r0, h, w.up, cell.c0, cell.c1, b.u + cell.r0 * is, is);
+    const float* xr = x + cell.r0 * h;
+    if (act) {
+      gate_up_silu(xr, cell.r1 - cell.r0, h, w.gate, w.up, cell.c0, cell.c1, b.h + cell.r0 * is, is);
+      return;
+    }
+    linear(xr, cell.r1 - cell.r0, h, w.gate, cell.c0, cell.c1, b.g + cell.r0 * is, is);
+    linear(xr, cell.r1 - cell.r0, h, w.up, cell.c0, cell.c1, b.u + cell.r0 * is, is);
   };
-  op.accesses = {rt::reads(x, static_cast<size_t>(t * h) * 4), rt::writes(b.g, static_cast<size_t>(t * is) * 4),
-                 rt::writes(b.u, static_cast<size_t>(t * is) * 4)};
+  const size_t hidden_bytes = static_cast<size_t>(t * is) * 4;
+  op.accesses = {rt::reads(x, static_cast<size_t>(t * h) * 4)};
+  if (act) {
+    op.accesses.push_back(rt::writes(b.h, hidden_bytes));
+  } else {
+    op.accesses.push_back(rt::writes(b.g, hidden_bytes));
+    op.accesses.push_back(rt::writes(b.u, hidden_bytes));
+  }
   return op;
 }
+}  // namespace
 
-rt::Op make_shared_gate_up_act_op(const Context& c) {
-  const int64_t t = c.tokens, h = c.config->hidden, is = c.config->shared_intermediate;
-  const Grid grid = token_grid(c, is);
-  const ExpertWeights w = c.weights->shared;
-  const float* x = c.x;
-  const SharedBuffers b = c.shared;
-  rt::Op op{.name = "shared.swiglu", .num_tiles = grid.num_tiles()};
-  op.tile = [=](int tile) {
-    const Grid::Cell cell = grid.cell(tile);
-    if (cell.r0 >= cell.r1) return;
-    gate_up_silu(x + cell.r0 * h, cell.r1 - cell.r0, h, w.gate, w.up, cell.c0, cell.c1, b.h + cell.r0 * is, is);
-  };
-  op.accesses = {rt::reads(x, static_cast<size_t>(t * h) * 4), rt::writes(b.h, static_cast<size_t>(t * is) * 4)};
-  return op;
-}
+rt::Op make_shared_gate_up_op(const Context& c) { return shared_gate_up(c, false); }
+rt::Op make_shared_gate_up_act_op(const Context& c) { return shared_gate_up(c, true); }
 
 rt::Op make_shared_act_op(const Context& c) {
   const int64_t n = c.tokens * c.config->shared_intermediate;
