@@ -221,6 +221,39 @@ TEST_P(KernelIsa, GateUpSiluEqualsUnfusedBitwise) {
   }
 }
 
+// silu_mul on every path against the fp64 formula: a few ulp for finite results (the AVX-512 exp is a
+// polynomial, the others expf), the same inf/NaN/zero behaviour as the formula, every tail length.
+TEST_P(KernelIsa, SiluMulMatchesTheFormula) {
+  std::vector<float> g, u;
+  for (int i = -4000; i <= 4000; ++i) {  // a dense sweep of [-40, 40] plus the saturating ends
+    g.push_back(static_cast<float>(i) * 0.01f);
+    u.push_back(1.0f + static_cast<float>(i % 7) * 0.25f);
+  }
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (float z : {0.0f, -0.0f, 1e-40f, -1e-40f, 87.0f, 89.0f, -87.0f, -89.0f, 104.0f, -104.0f, 200.0f, -200.0f,
+                  1e30f, -1e30f, inf, -inf, nan}) {
+    g.push_back(z);
+    u.push_back(3.0f);
+  }
+  for (int64_t n : {int64_t{1}, int64_t{15}, int64_t{17}, static_cast<int64_t>(g.size())}) {
+    std::vector<float> h(static_cast<size_t>(n), -7.0f);
+    silu_mul(g.data(), u.data(), h.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double z = g[i], want = z / (1.0 + std::exp(-z)) * u[i];
+      SCOPED_TRACE(::testing::Message() << "g=" << g[i] << " u=" << u[i] << " n=" << n);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(h[i])) << h[i];
+      } else if (std::isinf(want) || want == 0.0) {
+        EXPECT_EQ(h[i], static_cast<float>(want));
+      } else {
+        // Below -88.7, exp(-z) overflows float and the float formula gives -0 where fp64 still has
+        // ~1e-37: an absolute 1e-30 covers it.
+        EXPECT_NEAR(h[i], want, 8 * std::abs(want) * 0x1p-24 + 1e-30) << h[i];
+      }
+    }
+  }
+}
+
 // The bf16-dot path rounds x to bf16: it agrees with the exact avx512 path within that error, and it is
 // really a different path (some bits differ) for bf16 and fp8 weights, identical for f32.
 TEST_P(KernelIsa, Bf16DotPathStaysWithinItsBound) {

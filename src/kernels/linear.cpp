@@ -118,6 +118,8 @@ void linear_exact(const float* x, int64_t M, int64_t ldx, const WeightView& w, i
 }
 
 void silu_mul(const float* g, const float* u, float* h, int64_t n) {
+  const Isa isa = active_isa();
+  if (isa == Isa::kAvx512 || isa == Isa::kAvx512Bf16) return detail::silu_mul_avx512(g, u, h, n);
   for (int64_t i = 0; i < n; ++i) h[i] = silu(g[i]) * u[i];
 }
 

@@ -43,7 +43,8 @@ void linear_exact(const float* x, int64_t M, int64_t ldx, const WeightView& w, i
 void gate_up_silu(const float* x, int64_t M, int64_t ldx, const WeightView& gate, const WeightView& up,
                   int64_t i0, int64_t i1, float* h, int64_t ldh);
 
-// h[i] = silu(g[i]) * u[i], silu(z) = z / (1 + exp(-z)).
+// h[i] = silu(g[i]) * u[i], silu(z) = z / (1 + exp(-z)). The bits depend on (g, u, ISA) alone: the scalar
+// and AVX2 paths use expf, the AVX-512 ones a 16-lane exp within a few ulp of it (about 20x faster).
 void silu_mul(const float* g, const float* u, float* h, int64_t n);
 
 inline float silu(float z) { return z / (1.0f + __builtin_expf(-z)); }
