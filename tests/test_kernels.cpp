@@ -221,6 +221,25 @@ TEST_P(KernelIsa, GateUpSiluEqualsUnfusedBitwise) {
   }
 }
 
+// scale_add rounds the product before the sum on every path (the layer's combine and sum depend on it
+// for the same bits on every ISA): values where a fused multiply-add would round differently.
+TEST_P(KernelIsa, ScaleAddRoundsTheProductFirst) {
+  constexpr int64_t n = 37;  // two vectors and a tail
+  std::vector<float> x(n), y(n), want(n);
+  const float a = 1.0f + 0x1p-12f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = (1.0f + 0x1p-12f) * static_cast<float>(i % 5 + 1);
+    y[i] = -static_cast<float>(i % 5 + 1) * (1.0f + 0x1p-11f);
+    volatile float p = a * x[i];  // rounded, as the contract says
+    want[i] = y[i] + p;
+  }
+  int differs_from_fma = 0;
+  for (int64_t i = 0; i < n; ++i) differs_from_fma += std::fma(a, x[i], y[i]) != want[i];
+  ASSERT_GT(differs_from_fma, 0) << "the inputs must tell the two roundings apart";
+  scale_add(y.data(), x.data(), a, n);
+  EXPECT_EQ(0, std::memcmp(y.data(), want.data(), n * sizeof(float)));
+}
+
 // silu_mul on every path against the fp64 formula: a few ulp for finite results (the AVX-512 exp is a
 // polynomial, the others expf), the same inf/NaN/zero behaviour as the formula, every tail length.
 TEST_P(KernelIsa, SiluMulMatchesTheFormula) {

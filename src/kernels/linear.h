@@ -43,6 +43,10 @@ void linear_exact(const float* x, int64_t M, int64_t ldx, const WeightView& w, i
 void gate_up_silu(const float* x, int64_t M, int64_t ldx, const WeightView& gate, const WeightView& up,
                   int64_t i0, int64_t i1, float* h, int64_t ldh);
 
+// y[i] += a * x[i], the product rounded before the sum: the same bits on every ISA (the layer's combine
+// and final sum, vectorised where the CPU allows).
+void scale_add(float* y, const float* x, float a, int64_t n);
+
 // h[i] = silu(g[i]) * u[i], silu(z) = z / (1 + exp(-z)). The bits depend on (g, u, ISA) alone: the scalar
 // and AVX2 paths use expf, the AVX-512 ones a 16-lane exp within a few ulp of it (about 20x faster).
 void silu_mul(const float* g, const float* u, float* h, int64_t n);

@@ -1,6 +1,10 @@
 // "combine": per token, the weighted sum of its k expert outputs, in slot order (selection order: score
-// descending, expert index ascending), fp32, starting from 0. Slots owned by another expert-parallel rank
+// descending, expert index ascending), fp32, starting from 0, each product rounded before its sum
+// (scale_add: the same bits on every ISA). Slots owned by another expert-parallel rank
 // (pair_row -1) are skipped. The routing weights already carry routed_scaling_factor (layer/routing.h).
+#include <algorithm>
+
+#include "kernels/linear.h"
 #include "layer/ops/ops.h"
 
 namespace moe::ops {
@@ -18,14 +22,12 @@ rt::Op make_combine_op(const Context& c) {
   op.tile = [=](int tile) {
     const Grid::Cell cell = grid.cell(tile);
     for (int64_t i = cell.r0; i < cell.r1; ++i) {
-      float* o = out + i * h;
-      for (int64_t col = cell.c0; col < cell.c1; ++col) o[col] = 0.0f;
+      float* o = out + i * h + cell.c0;
+      std::fill(o, o + (cell.c1 - cell.c0), 0.0f);
       for (int64_t j = 0; j < k; ++j) {
         const int32_t r = b.pair_row[i * k + j];
         if (r < 0) continue;
-        const float w = b.topk_weights[i * k + j];
-        const float* src = b.og + static_cast<int64_t>(r) * h;
-        for (int64_t col = cell.c0; col < cell.c1; ++col) o[col] += w * src[col];
+        scale_add(o, b.og + static_cast<int64_t>(r) * h + cell.c0, b.topk_weights[i * k + j], cell.c1 - cell.c0);
       }
     }
   };

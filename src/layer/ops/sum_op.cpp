@@ -1,4 +1,7 @@
 // "sum": y = routed + gate * shared (Qwen), or routed + shared (DeepSeek/Kimi/GLM: ungated), after the join.
+#include <algorithm>
+
+#include "kernels/linear.h"
 #include "layer/ops/ops.h"
 
 namespace moe::ops {
@@ -18,15 +21,9 @@ rt::Op make_sum_op(const Context& c) {
   op.tile = [=](int tile) {
     const Grid::Cell cell = grid.cell(tile);
     for (int64_t i = cell.r0; i < cell.r1; ++i) {
-      const float* r = routed + i * h;
-      const float* s = shared + i * h;
-      float* o = y + i * h;
-      if (gate != nullptr) {
-        const float g = gate[i];
-        for (int64_t col = cell.c0; col < cell.c1; ++col) o[col] = r[col] + g * s[col];
-      } else {
-        for (int64_t col = cell.c0; col < cell.c1; ++col) o[col] = r[col] + s[col];
-      }
+      const int64_t at = i * h + cell.c0, n = cell.c1 - cell.c0;
+      std::copy(routed + at, routed + at + n, y + at);
+      scale_add(y + at, shared + at, gate != nullptr ? gate[i] : 1.0f, n);  // 1 * s == s exactly
     }
   };
   const size_t n = static_cast<size_t>(t * h) * 4;
