@@ -50,6 +50,10 @@ TEST(LayerSanitizer, OpsWriteOnlyWhatTheyDeclare) {
     for (Schedule s : kRunnableSchedules) {
       layer.forward(x.data(), tokens, y, {.schedule = s, .check_input = true});
       EXPECT_NO_THROW(dev->synchronize()) << tc.name << " " << schedule_name(s);
+      // Captured operations are checked at every replay too.
+      const LayerGraph g = layer.capture(x.data(), tokens, y, {.schedule = s, .check_input = true});
+      layer.replay(g, x.data(), tokens, y);
+      EXPECT_NO_THROW(dev->synchronize()) << tc.name << " " << schedule_name(s) << " replayed";
     }
     EXPECT_NO_THROW(chk->verify_guards());
     for (const std::string& v : chk->violations()) ADD_FAILURE() << tc.name << ": " << v;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/graph.h"
 #include "runtime/sanitizer.h"
 #include "test_sanitizer_program.h"
 
@@ -67,6 +68,26 @@ TEST_F(DeclarationTest, WriteToARangeDeclaredRead) {
                },
                .accesses = {reads(in, 64), writes(out, 64)}});
   expect_violation(main, "in_place_by_mistake", "input");
+}
+
+// An operation captured into a graph is checked at every replay, as a launched one is.
+TEST_F(DeclarationTest, CapturedOpsAreCheckedAtReplay) {
+  constexpr int n = 16;
+  auto* buf = static_cast<float*>(chk->allocate_guarded(n * sizeof(float), "graph scratch"));
+  bool stray = false;  // the replay's op writes past its range only once this is set
+  begin_capture(main);
+  main.launch({.name = "captured", .num_tiles = 2, .tile = [buf, &stray](int t) {
+                 for (int i = t * 8; i < t * 8 + 8; ++i) buf[i] = 3.0f;
+                 if (t == 1 && stray) buf[n] = 3.0f;
+               },
+               .accesses = {writes(buf, n * sizeof(float))}});
+  const GraphExec exec = end_capture(main).instantiate();
+  exec.launch(main);
+  EXPECT_NO_THROW(main.synchronize());
+  EXPECT_TRUE(chk->violations().empty());
+  stray = true;
+  exec.launch(main);
+  expect_violation(main, "captured", "graph scratch");
 }
 
 TEST_F(DeclarationTest, CorrectOpsPassAndComputeTheSame) {

@@ -143,6 +143,11 @@ void DeclarationChecker::on_launch(const Stream& s, uint64_t seq, const Op& op) 
   target = checked(std::move(target), s.name());
 }
 
+void DeclarationChecker::on_capture(const Stream& s, const Op& op) {
+  Op& target = const_cast<Op&>(op);  // as in on_launch: the operation the capture then records
+  target = checked(std::move(target), s.name());
+}
+
 void DeclarationChecker::on_alloc(const void* p, size_t bytes) { add_buffer(p, bytes, "notified allocation"); }
 void DeclarationChecker::on_free(const void* p, size_t bytes) { remove_buffer(p); }
 

@@ -19,7 +19,8 @@
 //   EXPECT_TRUE(chk->violations().empty());   // or: synchronize() throws StreamError naming the op
 //
 // Note: the wrap happens in Observer::on_launch, which receives the operation that the runtime then enqueues
-// (stream.cpp); checked() is the explicit form for code that launches by hand.
+// (stream.cpp), and in Observer::on_capture for an operation recorded into a graph, which every replay then
+// checks; checked() is the explicit form for code that launches by hand.
 #pragma once
 
 #include <cstddef>
@@ -59,6 +60,8 @@ class DeclarationChecker : public Observer, public std::enable_shared_from_this<
   Op checked(Op op, const std::string& stream_name);
 
   void on_launch(const Stream& s, uint64_t seq, const Op& op) override;
+  // A captured operation is wrapped the same way, so that every replay of the graph checks it.
+  void on_capture(const Stream& s, const Op& op) override;
   void on_alloc(const void* p, size_t bytes) override;
   void on_free(const void* p, size_t bytes) override;
 

@@ -192,6 +192,8 @@ class Observer {
   virtual ~Observer() = default;
   virtual void on_stream_created(const Stream& s) {}
   virtual void on_launch(const Stream& s, uint64_t seq, const Op& op) {}
+  // An operation recorded into a graph under capture (graph.h) instead of launched; it runs at each replay.
+  virtual void on_capture(const Stream& s, const Op& op) {}
   virtual void on_record(const Stream& s, uint64_t seq, const Event& e) {}
   // `e` as bound at the time of the wait (a no-op wait on a never-recorded event is still reported).
   virtual void on_wait(const Stream& s, uint64_t seq, const Event& e) {}

@@ -47,6 +47,7 @@ void Stream::launch(Op op) {
   check_op(op, s);
   auto core = lock_core(s);
   if (s.capture) {
+    for (auto& o : core->observers) o->on_capture(*this, op);
     capture_launch(*core, impl_, std::move(op));
     return;
   }
