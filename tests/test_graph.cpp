@@ -85,6 +85,66 @@ TEST_P(GraphModes, ReplayMatchesEagerBitwiseWithNewInputsEveryRound) {
   }
 }
 
+// Polling operations (a transfer that completes elsewhere) replay like eager ones: polled after their tiles
+// until done, their successors released only then, in both replay modes, again at every replay.
+TEST_P(GraphModes, PollingNodesReplay) {
+  auto dev = make_cpu_device({.num_workers = 2});
+  Stream main = dev->default_stream();
+  Stream side = dev->create_stream();
+  std::atomic<int> sent{0}, received{0}, polls{0}, staged{0};
+  int consumed = -1;
+  begin_capture(main);
+  Event fork, join;
+  main.launch({.name = "produce", .num_tiles = 1, .tile = [&](int) { sent = sent + 1; }});
+  main.record(fork);
+  side.wait(fork);
+  // Tiles first, then polls: "arrives" on the third poll of each replay.
+  side.launch({.name = "transfer", .num_tiles = 2, .tile = [&](int) { staged++; }, .poll = [&] {
+                 if (++polls % 3 != 0) return false;
+                 received = sent.load();
+                 return true;
+               }});
+  side.launch({.name = "ack", .num_tiles = 0, .poll = [&] { return received.load() == sent.load(); }});
+  side.record(join);
+  main.wait(join);
+  main.launch({.name = "consume", .num_tiles = 1, .tile = [&](int) { consumed = received.load(); }});
+  GraphExec exec = end_capture(main).instantiate({.stream_fusion = GetParam()});
+  for (int round = 1; round <= 3; ++round) {
+    exec.launch(main);
+    main.synchronize();
+    EXPECT_EQ(consumed, round) << "round " << round;  // consume ran after the transfer arrived
+    EXPECT_EQ(polls.load(), 3 * round);
+    EXPECT_EQ(staged.load(), 2 * round);
+  }
+}
+
+TEST(Graph, AThrowingPollFailsTheReplayNamingTheNode) {
+  auto dev = make_cpu_device({.num_workers = 2});
+  Stream main = dev->default_stream();
+  std::atomic<bool> fail{true};
+  int after = 0;
+  begin_capture(main);
+  main.launch({.name = "link", .num_tiles = 0, .poll = [&]() -> bool {
+                 if (fail.load()) throw std::runtime_error("peer gone");
+                 return true;
+               }});
+  main.launch({.name = "after", .num_tiles = 1, .tile = [&](int) { ++after; }});
+  GraphExec exec = end_capture(main).instantiate();
+  exec.launch(main);
+  try {
+    main.synchronize();
+    FAIL() << "expected the poll's error";
+  } catch (const StreamError& e) {
+    EXPECT_NE(std::string(e.what()).find("'link'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("peer gone"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(after, 0);  // the failed stream skips the rest of the replay
+  fail = false;
+  exec.launch(main);
+  main.synchronize();
+  EXPECT_EQ(after, 1);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fusion, GraphModes, ::testing::Values(true, false),
                          [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "fused" : "per_stream"; });
 
@@ -374,11 +434,12 @@ TEST(GraphErrors, EndCaptureOnAJoinedStreamAndLaunchIntoCapture) {
   end_capture(main);
 }
 
-TEST(GraphObservers, NoHooksDuringCaptureOneHookPerReplay) {
+TEST(GraphObservers, OnlyCaptureHooksDuringCaptureOneHookPerReplay) {
   struct Count : Observer {
-    int launches = 0, records = 0, waits = 0, graphs = 0;
+    int launches = 0, records = 0, waits = 0, graphs = 0, captures = 0;
     size_t last_nodes = 0;
     void on_launch(const Stream&, uint64_t, const Op&) override { launches++; }
+    void on_capture(const Stream&, const Op&) override { captures++; }
     void on_record(const Stream&, uint64_t, const Event&) override { records++; }
     void on_wait(const Stream&, uint64_t, const Event&) override { waits++; }
     void on_graph_launch(const Stream&, uint64_t, const GraphExec& e) override {
@@ -397,6 +458,7 @@ TEST(GraphObservers, NoHooksDuringCaptureOneHookPerReplay) {
   pipeline_body(main, side, b);
   GraphExec exec = end_capture(main).instantiate();
   EXPECT_EQ(obs->launches + obs->records + obs->waits, 0);
+  EXPECT_EQ(obs->captures, 5);  // each captured operation once (on_capture), none launched
   exec.launch(main);
   exec.launch(main);
   main.synchronize();

@@ -126,10 +126,15 @@ class CpuCore : public DeviceCore {
   void finish_poll(const CpuWork& work, bool done, const std::string* error);
   void fail(CpuStream& s, uint64_t seq, const std::string& op_name, const std::string& what);
   // Graph replay (cpu_graph.cpp).
-  bool start_graph(CpuEntry& e);
-  bool pick_graph(CpuStream& s, CpuEntry& e, CpuWork& work);
-  void graph_node_done(CpuEntry& e, int node);
+  bool start_graph(CpuStream& s, CpuEntry& e);
+  bool pick_graph(CpuStream& s, CpuEntry& e, CpuWork& work, int64_t now);
+  void graph_node_done(CpuStream& s, CpuEntry& e, int node);
+  // A node whose dependencies are done: to the ready queue (tiles), its poll phase, or done (nothing to run).
+  void graph_node_ready(CpuStream& s, CpuEntry& e, int node);
+  void graph_start_poll(CpuEntry& e, int node);
   void finish_graph_tile(const CpuWork& work, int worker, int64_t t0, int64_t t1, const std::string* error);
+  void finish_graph_poll(const CpuWork& work, bool done, const std::string* error);
+  void finish_graph_if_done(CpuStream& s, CpuEntry& e);
   void complete_head(CpuStream& s);
   bool advance(CpuStream& s);
   void advance_all();
@@ -154,6 +159,8 @@ class CpuCore : public DeviceCore {
   std::vector<HostWaiter*> host_waiters_;
   std::atomic<uint64_t> gen_{0};     // bumped on every scheduling change; idle workers spin on it
   int num_sleepers_ = 0;
+  // How often an op (or graph node) in its poll phase is polled when nothing else is ready.
+  static constexpr int64_t kPollIntervalNs = 20'000;
   int num_poll_heads_ = 0;  // ops in their poll phase: sleeping workers must wake up to poll them
   bool stop_ = false;
 

@@ -1,6 +1,7 @@
 // Graph replay on the CPU device ("stream fusion"): one stream entry runs a whole instantiated graph. The
 // nodes of all captured streams form one DAG: a node is ready when its dependencies are done, and free
-// workers take tiles of the ready nodes in the order they became ready. Nothing here allocates: the replay
+// workers take tiles of the ready nodes in the order they became ready. A polling node, once its tiles are
+// done, is polled like an eager polling op (when no tile is ready, at the same interval) until it is done. Nothing here allocates: the replay
 // state was sized at instantiate (graph.cpp). Everything runs under CpuCore::mu_.
 #include <algorithm>
 
@@ -35,7 +36,7 @@ uint64_t CpuCore::enqueue_graph(const std::shared_ptr<StreamImpl>& si, const std
 
 // Resets the replay state and releases the roots. Returns true when the graph is already complete (no node
 // has tiles), in which case it is not running.
-bool CpuCore::start_graph(CpuEntry& e) {
+bool CpuCore::start_graph(CpuStream& s, CpuEntry& e) {
   GraphExecImpl& g = *e.graph;
   g.running = true;
   e.started = true;
@@ -44,12 +45,10 @@ bool CpuCore::start_graph(CpuEntry& e) {
   std::fill(g.tiles_done.begin(), g.tiles_done.end(), 0);
   g.ready_head = g.ready_tail = 0;
   g.nodes_done = 0;
+  g.polls.clear();
   for (int r : g.roots) {
-    if (g.nodes[r].op.num_tiles > 0) {
-      g.ready[g.ready_tail++] = r;
-    } else {
-      graph_node_done(e, r);
-    }
+    graph_node_ready(s, e, r);
+    if (!g.empty_stack.empty()) graph_node_done(s, e, -1);  // r had nothing to run
   }
   if (g.nodes_done == static_cast<int>(g.nodes.size())) {
     g.running = false;
@@ -59,9 +58,22 @@ bool CpuCore::start_graph(CpuEntry& e) {
   return false;
 }
 
-bool CpuCore::pick_graph(CpuStream& s, CpuEntry& e, CpuWork& work) {
+bool CpuCore::pick_graph(CpuStream& s, CpuEntry& e, CpuWork& work, int64_t now) {
   GraphExecImpl& g = *e.graph;
-  if (g.ready_head == g.ready_tail) return false;
+  if (g.ready_head == g.ready_tail) {  // no tiles: a polling node whose time has come, if any
+    for (int i : g.polls) {
+      if (g.polling[i] || now < g.next_poll_ns[i]) continue;
+      g.polling[i] = 1;
+      work.stream = &s;
+      work.entry = &e;
+      work.node = i;
+      work.tile = -1;
+      work.run = true;
+      work.delay_us = 0;
+      return true;
+    }
+    return false;
+  }
   int i = g.ready[g.ready_head];
   int t = g.next_tile[i]++;
   if (g.next_tile[i] == g.nodes[i].op.num_tiles) ++g.ready_head;
@@ -77,29 +89,47 @@ bool CpuCore::pick_graph(CpuStream& s, CpuEntry& e, CpuWork& work) {
   return true;
 }
 
-// Marks `node` done and releases its successors; successors without tiles complete at once, through an
-// explicit stack (reserved at instantiate) so that a long chain of empty nodes cannot overflow the call stack.
-void CpuCore::graph_node_done(CpuEntry& e, int node) {
+void CpuCore::graph_node_ready(CpuStream& s, CpuEntry& e, int node) {
+  GraphExecImpl& g = *e.graph;
+  const Op& op = g.nodes[node].op;
+  if (op.num_tiles > 0) {
+    g.ready[g.ready_tail++] = node;
+  } else if (op.poll && !s.error) {
+    graph_start_poll(e, node);
+  } else {
+    g.empty_stack.push_back(node);  // done at once; graph_node_done takes it from there
+  }
+}
+
+void CpuCore::graph_start_poll(CpuEntry& e, int node) {
+  GraphExecImpl& g = *e.graph;
+  g.polls.push_back(node);
+  g.next_poll_ns[node] = 0;  // poll at once
+  g.polling[node] = 0;
+  ++num_poll_heads_;
+  if (!e.node_traces.empty() && e.node_traces[node].start_ns == 0) e.node_traces[node].start_ns = now_ns();
+  bump();
+}
+
+// Marks `node` (-1: none, only the nodes already on the stack) done and releases its successors; those with
+// nothing to run complete at once, through an explicit stack (reserved at instantiate) so that a long chain
+// of empty nodes cannot overflow the call stack.
+void CpuCore::graph_node_done(CpuStream& s, CpuEntry& e, int node) {
   GraphExecImpl& g = *e.graph;
   const bool tracing = !e.node_traces.empty();
-  g.empty_stack.push_back(node);
+  if (node >= 0) g.empty_stack.push_back(node);
   while (!g.empty_stack.empty()) {
     int k = g.empty_stack.back();
     g.empty_stack.pop_back();
     ++g.nodes_done;
     if (tracing) {
       int64_t now = now_ns();
-      if (g.nodes[k].op.num_tiles == 0) e.node_traces[k].start_ns = now;
+      if (e.node_traces[k].start_ns == 0) e.node_traces[k].start_ns = now;  // nothing ran
       e.node_traces[k].end_ns = now;
     }
     for (int j = g.succ_offsets[k]; j < g.succ_offsets[k + 1]; ++j) {
       int n = g.succ[j];
-      if (--g.pending[n] != 0) continue;
-      if (g.nodes[n].op.num_tiles > 0) {
-        g.ready[g.ready_tail++] = n;
-      } else {
-        g.empty_stack.push_back(n);
-      }
+      if (--g.pending[n] == 0) graph_node_ready(s, e, n);
     }
   }
 }
@@ -117,7 +147,35 @@ void CpuCore::finish_graph_tile(const CpuWork& work, int worker, int64_t t0, int
   }
   if (!e.node_traces.empty() && work.run) e.node_traces[i].tiles.push_back(TileRecord{work.tile, worker, t0, t1});
   if (++g.tiles_done[i] < g.nodes[i].op.num_tiles) return;
-  graph_node_done(e, i);
+  if (g.nodes[i].op.poll && !s.error) return graph_start_poll(e, i);  // its tiles done, it polls next
+  graph_node_done(s, e, i);
+  finish_graph_if_done(s, e);
+}
+
+void CpuCore::finish_graph_poll(const CpuWork& work, bool done, const std::string* error) {
+  CpuStream& s = *work.stream;
+  CpuEntry& e = *work.entry;
+  GraphExecImpl& g = *e.graph;
+  const int i = work.node;
+  g.polling[i] = 0;
+  if (error) {
+    fail(s, e.seq,
+         "graph node " + std::to_string(i) + " op '" + g.nodes[i].op.name + "' (captured on stream '" +
+             g.nodes[i].stream_name + "')",
+         *error);
+  }
+  if (!done && !error) {
+    g.next_poll_ns[i] = now_ns() + kPollIntervalNs;
+    return;
+  }
+  g.polls.erase(std::find(g.polls.begin(), g.polls.end(), i));  // a handful at most
+  --num_poll_heads_;
+  graph_node_done(s, e, i);
+  finish_graph_if_done(s, e);
+}
+
+void CpuCore::finish_graph_if_done(CpuStream& s, CpuEntry& e) {
+  GraphExecImpl& g = *e.graph;
   if (g.nodes_done < static_cast<int>(g.nodes.size())) {
     bump();  // new ready nodes for the idle workers
     return;

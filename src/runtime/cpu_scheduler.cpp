@@ -12,9 +12,6 @@
 namespace moe::rt {
 
 namespace {
-// How often an op in its poll phase is polled when nothing else is ready.
-constexpr int64_t kPollIntervalNs = 20'000;
-
 std::string describe_failure(const CpuStream& s, uint64_t seq, const std::string& op_name,
                              const std::string& what) {
   return op_name + " (position " + std::to_string(seq) + ") on stream '" + s.name + "' (id " +
@@ -76,7 +73,7 @@ bool CpuCore::pick_from(CpuStream& s, CpuWork& work, int64_t now) {
   CpuEntry& e = s.queue.front();
   if (e.kind == CpuEntry::Kind::kWait) return false;  // an unsatisfied wait: a dependency, not work
   if (options_.fuzz.serialize_streams && serial_owner_ != nullptr && serial_owner_ != &s) return false;
-  if (e.kind == CpuEntry::Kind::kGraph) return e.started && pick_graph(s, e, work);
+  if (e.kind == CpuEntry::Kind::kGraph) return e.started && pick_graph(s, e, work, now);
   work.node = -1;
   if (e.poll_phase) {
     if (e.polling || now < e.next_poll_ns) return false;
@@ -126,7 +123,9 @@ void CpuCore::run_work(const CpuWork& work, int worker, std::unique_lock<std::mu
   }
   int64_t t1 = tracing ? now_ns() : 0;
   lk.lock();
-  if (work.tile < 0) {
+  if (work.tile < 0 && work.node >= 0) {
+    finish_graph_poll(work, done, failed ? &error : nullptr);
+  } else if (work.tile < 0) {
     finish_poll(work, done, failed ? &error : nullptr);
   } else if (work.node >= 0) {
     finish_graph_tile(work, worker, t0, t1, failed ? &error : nullptr);
@@ -198,7 +197,7 @@ bool CpuCore::advance(CpuStream& s) {
       if (e.started) break;
       if (options_.fuzz.serialize_streams && serial_owner_ != nullptr && serial_owner_ != &s) break;
       // Another replay of the same GraphExec still running holds this one back (one replay at a time).
-      if (!s.error && (e.graph->running || !start_graph(e))) break;
+      if (!s.error && (e.graph->running || !start_graph(s, e))) break;
     } else if (e.kind == CpuEntry::Kind::kOp) {
       if (e.started || e.poll_phase) break;
       if (!s.error) {

@@ -163,10 +163,6 @@ GraphExec Graph::instantiate(const GraphOptions& options) const {
   std::vector<std::vector<int>> deps(n);
   for (int i = 0; i < n; ++i) {
     const GraphNode& node = nodes_[i];
-    if (node.op.poll) {
-      throw std::logic_error("Graph::instantiate: node '" + node.op.name +
-                             "' is a polling operation; polling operations cannot be replayed yet");
-    }
     deps[i] = node.deps;
     if (!options.stream_fusion && node.stream_prev >= 0) merge_deps(deps[i], {node.stream_prev});
   }
@@ -188,6 +184,9 @@ GraphExec Graph::instantiate(const GraphOptions& options) const {
   impl->tiles_done.resize(n);
   impl->ready.resize(n);
   impl->empty_stack.reserve(n);
+  impl->polls.reserve(std::count_if(nodes_.begin(), nodes_.end(), [](const GraphNode& g) { return bool(g.op.poll); }));
+  impl->next_poll_ns.resize(n);
+  impl->polling.resize(n);
   GraphExec exec;
   exec.impl_ = std::move(impl);
   return exec;

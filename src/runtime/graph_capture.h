@@ -40,6 +40,10 @@ struct GraphExecImpl {
   int ready_tail = 0;
   int nodes_done = 0;
   std::vector<int> empty_stack;  // reserved to the node count: nodes without tiles completing in a cascade
+  // Polling nodes (Op::poll): after their tiles, polled like an eager polling op until poll() says done.
+  std::vector<int> polls;             // nodes in their poll phase now (reserved to the polling node count)
+  std::vector<int64_t> next_poll_ns;  // per node: when to poll again
+  std::vector<char> polling;          // per node: a worker is inside poll() now
 };
 
 void capture_launch(DeviceCore& core, const std::shared_ptr<StreamImpl>& s, Op&& op);
