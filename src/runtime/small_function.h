@@ -71,7 +71,7 @@ class SmallFunction<R(A...), N> {
 
   template <class D>
   D* target() const {
-    if constexpr (kInPlace<D>) return std::launder(reinterpret_cast<D*>(const_cast<unsigned char*>(buf_)));
+    if constexpr (kInPlace<D>) return std::launder(reinterpret_cast<D*>(buf_));
     else return *std::launder(reinterpret_cast<D* const*>(buf_));
   }
 
@@ -110,7 +110,8 @@ class SmallFunction<R(A...), N> {
     }
   }
 
-  alignas(std::max_align_t) unsigned char buf_[N];
+  // mutable: operator() is const, as std::function's, yet may call a mutable lambda stored here.
+  alignas(std::max_align_t) mutable unsigned char buf_[N];
   const Ops* ops_ = nullptr;
 };
 
