@@ -118,6 +118,21 @@ TEST_P(GraphModes, PollingNodesReplay) {
   }
 }
 
+// A pure polling op may leave num_tiles at its default: it has no tile to run, captured or not.
+TEST(Graph, PollOnlyOpWithTheDefaultTileCount) {
+  auto dev = make_cpu_device({.num_workers = 2});
+  Stream main = dev->default_stream();
+  std::atomic<int> polls{0};
+  begin_capture(main);
+  main.launch({.name = "link", .poll = [&] { return ++polls % 2 == 0; }});
+  const GraphExec exec = end_capture(main).instantiate();
+  EXPECT_EQ(exec.nodes().at(0).op.num_tiles, 0);
+  exec.launch(main);
+  exec.launch(main);
+  main.synchronize();
+  EXPECT_EQ(polls.load(), 4);
+}
+
 TEST(Graph, AThrowingPollFailsTheReplayNamingTheNode) {
   auto dev = make_cpu_device({.num_workers = 2});
   Stream main = dev->default_stream();

@@ -139,6 +139,22 @@ TEST(LayerAlloc, SmallFunctionKeepsSmallCallablesInPlaceAndLargeOnesOnTheHeap) {
     EXPECT_EQ(Counted::live, 3);  // c, and one in each of copy and moved
   }
   EXPECT_EQ(Counted::live, 0);
+  // Empty like std::function: a null or empty source gives an empty function, and calling one throws.
+  const Fn none = std::function<void(int)>{};
+  EXPECT_FALSE(static_cast<bool>(none));
+  void (*null_fn)(int) = nullptr;
+  EXPECT_FALSE(static_cast<bool>(Fn(null_fn)));
+  EXPECT_THROW(none(1), std::bad_function_call);
+  // Move-assigning a function from inside the callable being replaced.
+  {
+    auto owned = std::make_shared<Fn>(Counted(&calls));
+    Fn* inner = owned.get();
+    Fn outer = [owned = std::move(owned)](int v) { (*owned)(v); };  // the only owner of *inner
+    outer = std::move(*inner);  // *inner dies with outer's old callable (ASan: a use after free if misordered)
+    outer(5);
+    EXPECT_EQ(calls, 16);
+  }
+  EXPECT_EQ(Counted::live, 0);
   // Mutable state persists across calls, as with std::function.
   Fn counter = [n = 0](int v) mutable { n += v; EXPECT_EQ(n, v == 1 ? 1 : 3); };
   counter(1);

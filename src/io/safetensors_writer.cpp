@@ -47,12 +47,19 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<TensorSpec> t
   // 4 MiB blocks at 4 MiB-aligned offsets, which the page cache keeps as 2 MiB folios where the file system
   // has large folios, so the next load maps the weights with 2 MiB pages (small writes leave 4 KiB pages:
   // about 10% slower decode here, see MappedFile).
-  buffer_.resize(4 << 20);
-  std::setvbuf(out_, buffer_.data(), _IOFBF, buffer_.size());
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
-  put(len, 8);
-  put(text.data(), text.size());
+  try {
+    buffer_.resize(4 << 20);
+    std::setvbuf(out_, buffer_.data(), _IOFBF, buffer_.size());
+    uint8_t len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+    put(len, 8);
+    put(text.data(), text.size());
+  } catch (...) {  // no destructor runs for a constructor that throws: close (before the buffer goes) and clean up
+    std::fclose(out_);
+    out_ = nullptr;
+    ::unlink(tmp_path_.c_str());
+    throw;
+  }
 }
 
 SafetensorsWriter::~SafetensorsWriter() {

@@ -136,7 +136,6 @@ uint64_t CpuCore::enqueue_op(const std::shared_ptr<StreamImpl>& si, Op&& op) {
   std::lock_guard<std::mutex> lk(mu_);
   CpuEntry& e = push_entry(s, CpuEntry::Kind::kOp);
   e.op = std::move(op);
-  if (!e.op.tile) e.op.num_tiles = 0;  // a pure polling op
   if (options_.fuzz.shuffle_tiles && e.op.num_tiles > 1) {
     e.tile_order.resize(e.op.num_tiles);
     std::iota(e.tile_order.begin(), e.tile_order.end(), 0);

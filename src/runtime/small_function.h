@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <new>
 #include <type_traits>
 #include <utility>
@@ -22,7 +23,7 @@ class SmallFunction<R(A...), N> {
   template <class F, class D = std::decay_t<F>,
             class = std::enable_if_t<!std::is_same_v<D, SmallFunction> && std::is_invocable_r_v<R, D&, A...>>>
   SmallFunction(F&& f) {  // NOLINT: implicit, like std::function
-    emplace<D>(std::forward<F>(f));
+    if (!is_null(f)) emplace<D>(std::forward<F>(f));  // an empty std::function or null pointer: empty
   }
   SmallFunction(const SmallFunction& o) {
     if (o.ops_) o.ops_->copy(o, *this);
@@ -39,8 +40,10 @@ class SmallFunction<R(A...), N> {
   }
   SmallFunction& operator=(SmallFunction&& o) noexcept {
     if (this != &o) {
+      SmallFunction taken;  // `o` may live inside the callable reset() destroys: take it first
+      if (o.ops_) o.ops_->move(o, taken);
       reset();
-      if (o.ops_) o.ops_->move(o, *this);
+      if (taken.ops_) taken.ops_->move(taken, *this);
     }
     return *this;
   }
@@ -51,8 +54,12 @@ class SmallFunction<R(A...), N> {
   ~SmallFunction() { reset(); }
 
   explicit operator bool() const { return ops_ != nullptr; }
-  // Calls the stored callable (as std::function does, through a non-const reference).
-  R operator()(A... args) const { return ops_->call(*this, std::forward<A>(args)...); }
+  // Calls the stored callable (as std::function does, through a non-const reference); throws
+  // std::bad_function_call when empty, as std::function does.
+  R operator()(A... args) const {
+    if (!ops_) throw std::bad_function_call();
+    return ops_->call(*this, std::forward<A>(args)...);
+  }
   // Whether the callable lives in place (no heap allocation), for tests.
   bool stored_in_place() const { return ops_ != nullptr && ops_->in_place; }
 
@@ -64,6 +71,17 @@ class SmallFunction<R(A...), N> {
     void (*destroy)(SmallFunction&);
     bool in_place;
   };
+
+  template <class T>
+  struct IsStdFunction : std::false_type {};
+  template <class S>
+  struct IsStdFunction<std::function<S>> : std::true_type {};
+  template <class D>
+  static bool is_null(const D& f) {
+    if constexpr (std::is_pointer_v<D> || std::is_member_pointer_v<D>) return f == nullptr;
+    else if constexpr (IsStdFunction<D>::value) return !f;
+    else return false;
+  }
 
   template <class D>
   static constexpr bool kInPlace =

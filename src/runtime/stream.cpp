@@ -45,6 +45,7 @@ uint64_t next_seq(const StreamImpl& s) { return s.enqueued.load(std::memory_orde
 void Stream::launch(Op op) {
   StreamImpl& s = checked(impl_, "launch");
   check_op(op, s);
+  if (!op.tile) op.num_tiles = 0;  // a pure polling op (check_op made sure it has poll): no tile to run
   auto core = lock_core(s);
   if (s.capture) {
     for (auto& o : core->observers) o->on_capture(*this, op);

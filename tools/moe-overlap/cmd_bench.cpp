@@ -106,7 +106,9 @@ class DeviceTimer {
   double us() const { return static_cast<double>(end_.load() - start_.load()) / 1e3; }
   // The read bandwidth now, measured over the eviction buffer; `fallback` without one.
   double read_gbps(int threads, double fallback) const {
-    return evicts() ? measure_read_bandwidth_gbps(threads, evict_.data(), evict_.size()) : fallback;
+    // 0 when the buffer is under 2 MiB per thread (a tiny --evict-mib): the figure from the start stands.
+    const double now = evicts() ? measure_read_bandwidth_gbps(threads, evict_.data(), evict_.size()) : 0.0;
+    return now > 0 ? now : fallback;
   }
 
  private:
