@@ -117,9 +117,16 @@ void linear_exact(const float* x, int64_t M, int64_t ldx, const WeightView& w, i
   linear_from_n0(isa == Isa::kAvx512Bf16 ? Isa::kAvx512 : isa, x, M, ldx, w, n0, n1, y + n0, ldy);
 }
 
-void scale_add(float* y, const float* x, float a, int64_t n) {
+namespace {
+// Both AVX-512 ISAs run the elementwise kernels of elementwise_avx512.cpp.
+bool avx512_elementwise() {
   const Isa isa = active_isa();
-  if (isa == Isa::kAvx512 || isa == Isa::kAvx512Bf16) return detail::scale_add_avx512(y, x, a, n);
+  return isa == Isa::kAvx512 || isa == Isa::kAvx512Bf16;
+}
+}  // namespace
+
+void scale_add(float* y, const float* x, float a, int64_t n) {
+  if (avx512_elementwise()) return detail::scale_add_avx512(y, x, a, n);
   for (int64_t i = 0; i < n; ++i) {
     const float p = a * x[i];  // rounded before the sum (this file is compiled with -ffp-contract=off)
     y[i] += p;
@@ -127,8 +134,7 @@ void scale_add(float* y, const float* x, float a, int64_t n) {
 }
 
 void silu_mul(const float* g, const float* u, float* h, int64_t n) {
-  const Isa isa = active_isa();
-  if (isa == Isa::kAvx512 || isa == Isa::kAvx512Bf16) return detail::silu_mul_avx512(g, u, h, n);
+  if (avx512_elementwise()) return detail::silu_mul_avx512(g, u, h, n);
   for (int64_t i = 0; i < n; ++i) h[i] = silu(g[i]) * u[i];
 }
 

@@ -13,7 +13,7 @@
 //
 // Loop structure (linear_rows): tokens in macro-blocks of up to kMaxMacroTokens (their x rows stay in
 // L2), then row blocks (2 to 8 rows, by token count, row length and dtype), then one register-blocked
-// pass for up to 4 tokens (micro_kernel), two passes for 5-8 (two_passes), or, for more, fp32 panels of
+// pass for up to 4 tokens (micro_kernel), two passes for 5-8 (wide_rows), or, for more, fp32 panels of
 // the rows shared by micro-blocks of 3-4 tokens (row_block_panel). Each weight row is streamed from
 // memory once per macro-block.
 #pragma once
@@ -262,21 +262,22 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
     for (int r = 0; r < R; ++r) y[t * ldy + r] = V::hsum(V::load(acc_mem + (t * R + r) * L));
 }
 
-// R rows against 4 < M <= 8 tokens in two register-blocked passes, tokens [0, 4) and [4, M): the second
-// re-reads the R rows from L1. Below 9 tokens this beats converting the rows into fp32 panels, whose store
-// and reload the few tokens do not repay (one thread, bf16 weights from DRAM, 6 rows: 512x2048 at 5-8
-// tokens 88-106 us against 99-113 us; 2048x512 78-101 us against 109-125 us).
+// R rows against 3 <= M <= 8 tokens: one register-blocked pass of up to 4 tokens, and for 5-8 a second
+// pass over tokens [4, M) that re-reads the R rows from L1. Below 9 tokens this beats converting the rows
+// into fp32 panels, whose store and reload the few tokens do not repay (one thread, bf16 weights from DRAM,
+// 6 rows: 512x2048 at 5-8 tokens 88-106 us against 99-113 us; 2048x512 78-101 us against 109-125 us).
 template <class V, DType D, int R>
-void two_passes(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
-  micro_kernel<V, D, R, 4>(x, ldx, w, n, y, ldy);
-  x += 4 * ldx;
-  y += 4 * ldy;
-  switch (M - 4) {
-    case 1: micro_kernel<V, D, R, 1>(x, ldx, w, n, y, ldy); break;
-    case 2: micro_kernel<V, D, R, 2>(x, ldx, w, n, y, ldy); break;
-    case 3: micro_kernel<V, D, R, 3>(x, ldx, w, n, y, ldy); break;
-    default: micro_kernel<V, D, R, 4>(x, ldx, w, n, y, ldy); break;
-  }
+void wide_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
+  const auto pass = [&](const float* xt, int64_t T, float* yt) {
+    switch (T) {
+      case 1: micro_kernel<V, D, R, 1>(xt, ldx, w, n, yt, ldy); break;
+      case 2: micro_kernel<V, D, R, 2>(xt, ldx, w, n, yt, ldy); break;
+      case 3: micro_kernel<V, D, R, 3>(xt, ldx, w, n, yt, ldy); break;
+      default: micro_kernel<V, D, R, 4>(xt, ldx, w, n, yt, ldy); break;
+    }
+  };
+  pass(x, std::min<int64_t>(M, 4), y);
+  if (M > 4) pass(x + 4 * ldx, M - 4, y + 4 * ldy);
 }
 
 // One row block against tokens [0, M), M <= kMaxMacroTokens.
@@ -322,15 +323,11 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
     }
     if (mc == 1)  // one token: more rows in flight to cover the FMA latency
       for (; n + 8 <= n1; n += 8) micro_kernel<V, D, 8, 1>(xm, ldx, w, n, ym + (n - n0), ldy);
-    // 4 tokens: 6 rows x 4 tokens fills 24 of 32 registers (measured ~10% faster than 4 x 4 for bf16 on
-    // one thread); 3 tokens: 6 x 3 (bf16 512x2048 from DRAM: 66-68 us against 71-73 with 4 x 3); fp8 rows
-    // carry a scale register each and stay at 4. 5-8 tokens: 6 rows in two passes.
-    if (mc == 4 && V::kWideBlocks && D != DType::kF8E4M3)
-      for (; n + 6 <= n1; n += 6) micro_kernel<V, D, 6, 4>(xm, ldx, w, n, ym + (n - n0), ldy);
-    if (mc == 3 && V::kWideBlocks && D != DType::kF8E4M3)
-      for (; n + 6 <= n1; n += 6) micro_kernel<V, D, 6, 3>(xm, ldx, w, n, ym + (n - n0), ldy);
-    if (mc > 4 && mc <= 8 && V::kWideBlocks && D != DType::kF8E4M3)
-      for (; n + 6 <= n1; n += 6) two_passes<V, D, 6>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
+    // 3-8 tokens: 6 rows (wide_rows). 6 rows x 4 tokens fills 24 of 32 registers (measured ~10% faster
+    // than 4 x 4 for bf16 on one thread); 6 x 3 at 3 tokens (bf16 512x2048 from DRAM: 66-68 us against
+    // 71-73 with 4 x 3). fp8 rows carry a scale register each and stay at 4.
+    if (mc >= 3 && mc <= 8 && V::kWideBlocks && D != DType::kF8E4M3)
+      for (; n + 6 <= n1; n += 6) wide_rows<V, D, 6>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     // Wide panels (8 rows x 3 tokens, FMAs on L1-resident panel rows) halve the x traffic per FMA. With
     // the next row block streamed under all micro-blocks they are the faster choice from 9 tokens on, and
     // for fp8 from 5 (Qwen3-Next prefill of 512 tokens: 144-149 -> 134-136 ms; fp8 2048x7168 at 8 tokens:

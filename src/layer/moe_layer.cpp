@@ -186,7 +186,7 @@ void MoeLayer::enqueue(Schedule s, const ops::Context& c, rt::Stream& main, bool
     case Schedule::kDual: enqueue_dual(c, main, check, ev); break;
     case Schedule::kPhased: enqueue_phased(c, main, check, ev); break;
     case Schedule::kFused: enqueue_fused(c, main, check); break;
-    case Schedule::kAuto: throw std::logic_error("MoeLayer::enqueue: kAuto must be resolved by decide_schedule");
+    case Schedule::kAuto: throw std::logic_error("MoeLayer::enqueue: kAuto must be resolved by choose_schedule");
   }
 }
 

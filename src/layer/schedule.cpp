@@ -69,9 +69,12 @@ OverlapPolicy OverlapPolicy::always() { return {.multi_stream = true, .decode_on
 
 ScheduleChoice choose_schedule(const MoeConfig& config, const OverlapPolicy& policy, Schedule requested,
                                int64_t tokens, bool prefill, const TuningTable* tuning) {
-  ScheduleChoice c{.schedule = Schedule::kSerial, .from_table = requested == Schedule::kAuto};
-  if (requested == Schedule::kAuto) {
-    if (tuning == nullptr || tuning->empty()) return {Schedule::kSerial, Schedule::kSerial, Fallback::kNoTuningTable, true};
+  ScheduleChoice c{.from_table = requested == Schedule::kAuto};
+  if (c.from_table) {
+    if (tuning == nullptr || tuning->empty()) {
+      c.fallback = Fallback::kNoTuningTable;
+      return c;
+    }
     requested = tuning->pick(tokens);
   }
   c.requested = requested;
@@ -91,7 +94,9 @@ ScheduleDecision decide_schedule(const MoeConfig& config, const OverlapPolicy& p
   std::string why;
   switch (c.fallback) {
     case Fallback::kNone: break;
-    case Fallback::kNoTuningTable: why = "auto without a tuning table (moe-overlap bench --tune FILE measures one)"; break;
+    case Fallback::kNoTuningTable:
+      why = "auto without a tuning table (moe-overlap bench --tune FILE measures one)";
+      break;
     case Fallback::kNoSharedExpert:
       why = "model_type " + config.model_type + " has no shared expert: nothing to overlap";
       break;

@@ -1,14 +1,23 @@
 // Graph replay on the CPU device ("stream fusion"): one stream entry runs a whole instantiated graph. The
 // nodes of all captured streams form one DAG: a node is ready when its dependencies are done, and free
 // workers take tiles of the ready nodes in the order they became ready. A polling node, once its tiles are
-// done, is polled like an eager polling op (when no tile is ready, at the same interval) until it is done. Nothing here allocates: the replay
-// state was sized at instantiate (graph.cpp). Everything runs under CpuCore::mu_.
+// done, is polled like an eager polling op (when no tile is ready, at the same interval) until it is done.
+// Nothing here allocates: the replay state was sized at instantiate (graph.cpp). Everything runs under
+// CpuCore::mu_.
 #include <algorithm>
 
 #include "runtime/cpu_device.h"
 #include "runtime/graph_capture.h"
 
 namespace moe::rt {
+
+namespace {
+// How a failing node is named in the stream's error.
+std::string node_label(const GraphExecImpl& g, int i) {
+  return "graph node " + std::to_string(i) + " op '" + g.nodes[i].op.name + "' (captured on stream '" +
+         g.nodes[i].stream_name + "')";
+}
+}  // namespace
 
 uint64_t CpuCore::enqueue_graph(const std::shared_ptr<StreamImpl>& si, const std::shared_ptr<GraphExecImpl>& g) {
   auto& s = static_cast<CpuStream&>(*si);
@@ -60,16 +69,16 @@ bool CpuCore::start_graph(CpuStream& s, CpuEntry& e) {
 
 bool CpuCore::pick_graph(CpuStream& s, CpuEntry& e, CpuWork& work, int64_t now) {
   GraphExecImpl& g = *e.graph;
+  work.stream = &s;
+  work.entry = &e;
+  work.delay_us = 0;
   if (g.ready_head == g.ready_tail) {  // no tiles: a polling node whose time has come, if any
     for (int i : g.polls) {
       if (g.polling[i] || now < g.next_poll_ns[i]) continue;
       g.polling[i] = 1;
-      work.stream = &s;
-      work.entry = &e;
       work.node = i;
       work.tile = -1;
       work.run = true;
-      work.delay_us = 0;
       return true;
     }
     return false;
@@ -78,14 +87,11 @@ bool CpuCore::pick_graph(CpuStream& s, CpuEntry& e, CpuWork& work, int64_t now) 
   int t = g.next_tile[i]++;
   if (g.next_tile[i] == g.nodes[i].op.num_tiles) ++g.ready_head;
   if (t == 0 && !e.node_traces.empty()) e.node_traces[i].start_ns = now_ns();
-  work.stream = &s;
-  work.entry = &e;
   work.node = i;
   work.tile = t;
   work.run = !s.error;
-  work.delay_us = options_.fuzz.max_delay_us > 0
-                      ? std::uniform_int_distribution<int>(0, options_.fuzz.max_delay_us)(rng_)
-                      : 0;
+  if (options_.fuzz.max_delay_us > 0)
+    work.delay_us = std::uniform_int_distribution<int>(0, options_.fuzz.max_delay_us)(rng_);
   return true;
 }
 
@@ -139,12 +145,7 @@ void CpuCore::finish_graph_tile(const CpuWork& work, int worker, int64_t t0, int
   CpuEntry& e = *work.entry;
   GraphExecImpl& g = *e.graph;
   const int i = work.node;
-  if (error) {
-    fail(s, e.seq,
-         "graph node " + std::to_string(i) + " op '" + g.nodes[i].op.name + "' (captured on stream '" +
-             g.nodes[i].stream_name + "')",
-         *error);
-  }
+  if (error) fail(s, e.seq, node_label(g, i), *error);
   if (!e.node_traces.empty() && work.run) e.node_traces[i].tiles.push_back(TileRecord{work.tile, worker, t0, t1});
   if (++g.tiles_done[i] < g.nodes[i].op.num_tiles) return;
   if (g.nodes[i].op.poll && !s.error) return graph_start_poll(e, i);  // its tiles done, it polls next
@@ -158,12 +159,7 @@ void CpuCore::finish_graph_poll(const CpuWork& work, bool done, const std::strin
   GraphExecImpl& g = *e.graph;
   const int i = work.node;
   g.polling[i] = 0;
-  if (error) {
-    fail(s, e.seq,
-         "graph node " + std::to_string(i) + " op '" + g.nodes[i].op.name + "' (captured on stream '" +
-             g.nodes[i].stream_name + "')",
-         *error);
-  }
+  if (error) fail(s, e.seq, node_label(g, i), *error);
   if (!done && !error) {
     g.next_poll_ns[i] = now_ns() + kPollIntervalNs;
     return;

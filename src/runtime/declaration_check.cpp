@@ -136,15 +136,12 @@ Op DeclarationChecker::checked(Op op, const std::string& stream_name) {
   return op;
 }
 
-void DeclarationChecker::on_launch(const Stream& s, uint64_t seq, const Op& op) {
-  // The runtime passes the operation it is about to enqueue (a non-const object), so rewriting it here is
-  // well defined; see the note in the header.
-  Op& target = const_cast<Op&>(op);
-  target = checked(std::move(target), s.name());
-}
+void DeclarationChecker::on_launch(const Stream& s, uint64_t seq, const Op& op) { on_capture(s, op); }
 
 void DeclarationChecker::on_capture(const Stream& s, const Op& op) {
-  Op& target = const_cast<Op&>(op);  // as in on_launch: the operation the capture then records
+  // The runtime passes the operation it is about to enqueue or record (a non-const object), so rewriting
+  // it here is well defined; see the note in the header.
+  Op& target = const_cast<Op&>(op);
   target = checked(std::move(target), s.name());
 }
 

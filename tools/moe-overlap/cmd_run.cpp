@@ -83,11 +83,7 @@ void add_run_command(CLI::App& app) {
       ->check(CLI::ExistingFile)
       ->excludes(tokens);
   cmd->add_option("--output", o->output, "write the output [tokens, hidden] float32 here (.npy or .safetensors)");
-  cmd->add_option("--schedule", o->schedule,
-                  "serial, dual, phased, fused (the shared expert inside the routed expert ops), or auto (the "
-                  "--tuning table's choice)")
-      ->check(CLI::IsMember({"serial", "dual", "phased", "fused", "auto"}))
-      ->capture_default_str();
+  add_schedule_option(cmd, o->schedule);
   cmd->add_option("--threads", o->threads, "worker threads (default: one per core)");
   cmd->add_flag("--prefill", o->prefill, "mark the call as prefill (stays serial under the decode-only policy)");
   cmd->add_flag("--graph", o->graph, "capture the forward as a graph and replay it");

@@ -2,6 +2,7 @@
 // optionally an SVG timeline: one lane per stream and per worker, operations as labelled boxes, event waits
 // as arrows: the orchestration diagram of the schedule, drawn from a real run.
 #include <cstdio>
+#include <set>
 
 #include "commands.h"
 #include "layer/moe_layer.h"
@@ -54,10 +55,12 @@ void run_trace(const TraceOptions& o) {
   const OverlapStats s = overlap_stats(trace);
   std::printf("%s\n", title.c_str());
   if (!d.reason.empty()) std::printf("note: %s\n", d.reason.c_str());
-  std::printf("  %zu operations on %s; forward %.1f us; shared branch busy %.1f us, routed path busy %.1f us, "
-              "both at once %.1f us\n",
-              trace.ops.size(), d.schedule == Schedule::kSerial || d.schedule == Schedule::kFused ? "one stream" : "two streams", s.span_us,
-              s.shared_us, s.routed_us, s.concurrent_us);
+  std::set<int> streams;
+  for (const rt::OpRecord& r : trace.ops) streams.insert(r.stream_id);
+  std::printf("  %zu operations on %zu %s; forward %.1f us; shared branch busy %.1f us, routed path busy "
+              "%.1f us, both at once %.1f us\n",
+              trace.ops.size(), streams.size(), streams.size() == 1 ? "stream" : "streams", s.span_us, s.shared_us,
+              s.routed_us, s.concurrent_us);
   std::printf("  wrote %s%s%s\n", o.out.c_str(), o.svg.empty() ? "" : " and ", o.svg.c_str());
 }
 
@@ -71,11 +74,7 @@ void add_trace_command(CLI::App& app) {
   add_tuning_option(cmd, o->model);
   cmd->add_option("--tokens", o->tokens, "tokens in the forward")->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
-  cmd->add_option("--schedule", o->schedule,
-                  "serial, dual, phased, fused (the shared expert inside the routed expert ops), or auto (the "
-                  "--tuning table's choice)")
-      ->check(CLI::IsMember({"serial", "dual", "phased", "fused", "auto"}))
-      ->capture_default_str();
+  add_schedule_option(cmd, o->schedule);
   cmd->add_option("--out", o->out, "Chrome trace JSON output")->capture_default_str();
   cmd->add_option("--svg", o->svg, "SVG timeline output");
   cmd->add_option("--threads", o->threads, "worker threads (default: one per core)");

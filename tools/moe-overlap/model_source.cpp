@@ -16,6 +16,7 @@
 #include "io/mapped_file.h"
 #include "kernels/linear.h"
 #include "io/hf_config.h"
+#include "layer/schedule.h"
 
 namespace moe::tools {
 
@@ -80,6 +81,17 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
 
 void add_tuning_option(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--tuning", o.tuning, "tuning table for --schedule auto, as written by bench --tune");
+}
+
+void add_schedule_option(CLI::App* cmd, std::string& schedule) {
+  std::vector<std::string> names;
+  for (Schedule s : kRunnableSchedules) names.emplace_back(schedule_name(s));
+  names.emplace_back(schedule_name(Schedule::kAuto));
+  cmd->add_option("--schedule", schedule,
+                  "serial, dual, phased, fused (the shared expert inside the routed expert ops), or auto (the "
+                  "--tuning table's choice)")
+      ->check(CLI::IsMember(names))
+      ->capture_default_str();
 }
 
 void add_isa_option(CLI::App* cmd, ModelOptions& o) {

@@ -26,6 +26,8 @@ void add_model_options(CLI::App* cmd, ModelOptions& options);
 // --isa and --tuning, for the commands that run the layer (info only describes it).
 void add_isa_option(CLI::App* cmd, ModelOptions& options);
 void add_tuning_option(CLI::App* cmd, ModelOptions& options);
+// --schedule (run, trace): a runnable schedule's name or "auto".
+void add_schedule_option(CLI::App* cmd, std::string& schedule);
 // Makes --isa the kernels' instruction set ("auto" leaves it); throws naming the flag when this CPU lacks it.
 // Each command calls it first, before anything measures or runs a kernel.
 void apply_kernel_isa(const std::string& isa);
