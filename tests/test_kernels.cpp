@@ -240,6 +240,37 @@ TEST_P(KernelIsa, ScaleAddRoundsTheProductFirst) {
   EXPECT_EQ(0, std::memcmp(y.data(), want.data(), n * sizeof(float)));
 }
 
+// weighted_rows_sum (the combine) gives the bits of zeroing y and adding each slot's rounded product in
+// slot order, skipping slots at row -1: values where an FMA, another order or a read of y would differ.
+TEST_P(KernelIsa, WeightedRowsSumIsTheSlotOrderSum) {
+  constexpr int64_t n = 37, ldx = 40, rows_in_x = 6;  // two vectors and a tail
+  std::vector<float> x(rows_in_x * ldx);
+  for (int64_t i = 0; i < rows_in_x * ldx; ++i)
+    x[i] = (1.0f + 0x1p-12f) * static_cast<float>((i * 7) % 11 - 5) * (i % 3 == 0 ? 0x1p20f : 1.0f);
+  const int32_t rows[] = {4, -1, 0, 5, 4, 2};
+  const float a[] = {1.0f + 0x1p-12f, 9.0f, -0.75f, 0.0f, 1.0f - 0x1p-13f, -3.0f};
+  constexpr int64_t k = 6;
+  std::vector<float> want(n), y(n, std::numeric_limits<float>::quiet_NaN());
+  int differs_from_fma = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < k; ++j) {
+      if (rows[j] < 0) continue;
+      volatile float p = a[j] * x[rows[j] * ldx + i];  // rounded, as the contract says
+      differs_from_fma += std::fma(a[j], x[rows[j] * ldx + i], s) != s + p;
+      s += p;
+    }
+    want[i] = s;
+  }
+  ASSERT_GT(differs_from_fma, 0) << "the inputs must tell the two roundings apart";
+  weighted_rows_sum(y.data(), x.data(), ldx, rows, a, k, n);
+  EXPECT_EQ(0, std::memcmp(y.data(), want.data(), n * sizeof(float)));
+  // No slot, or every slot skipped: zeros.
+  const int32_t none[] = {-1, -1};
+  weighted_rows_sum(y.data(), x.data(), ldx, none, a, 2, n);
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(0.0f, y[i]) << i;
+}
+
 // silu_mul on every path against the fp64 formula: a few ulp for finite results (the AVX-512 exp is a
 // polynomial, the others expf), the same inf/NaN/zero behaviour as the formula, every tail length.
 TEST_P(KernelIsa, SiluMulMatchesTheFormula) {

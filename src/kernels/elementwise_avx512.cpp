@@ -1,5 +1,5 @@
 // AVX-512 elementwise kernels, 16 lanes at a time: scale_add (y += a * x, product then sum, as the scalar
-// path rounds them) and SiLU-and-multiply, h = silu(g) * u with silu(z) = z / (1 + exp(-z)).
+// path rounds them), weighted_rows_sum (the combine: scale_add over k gathered rows, y written once) and SiLU-and-multiply, h = silu(g) * u with silu(z) = z / (1 + exp(-z)).
 // exp is Cephes' expf scheme: n = round(x log2 e), r = x - n ln 2 in two parts (Cody-Waite), a degree-6
 // polynomial on |r| <= ln2 / 2 (relative error below 2^-22), then 2^n applied by vscalefps, which also
 // gives inf and 0 past the float range and keeps NaN. The division and the product are IEEE operations in
@@ -47,6 +47,25 @@ void scale_add_avx512(float* y, const float* x, float a, int64_t n) {
     const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
     const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), _mm512_mul_ps(av, _mm512_maskz_loadu_ps(m, x + i)));
     _mm512_mask_storeu_ps(y + i, m, v);
+  }
+}
+
+// All k slots per 16 lanes in one register: y is written once instead of read and written per slot, and
+// the slots' rows stream side by side. 0 + p == p, so starting from a zero register gives scale_add's bits.
+void weighted_rows_sum_avx512(float* y, const float* x, int64_t ldx, const int32_t* rows, const float* a, int64_t k,
+                              int64_t n) {
+  const auto sum16 = [&](int64_t i, __mmask16 m) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t j = 0; j < k; ++j)
+      if (rows[j] >= 0)
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(a[j]), _mm512_maskz_loadu_ps(m, x + rows[j] * ldx + i)));
+    return acc;
+  };
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, sum16(i, 0xffff));
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(y + i, m, sum16(i, m));
   }
 }
 

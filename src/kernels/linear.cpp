@@ -133,6 +133,14 @@ void scale_add(float* y, const float* x, float a, int64_t n) {
   }
 }
 
+void weighted_rows_sum(float* y, const float* x, int64_t ldx, const int32_t* rows, const float* a, int64_t k,
+                       int64_t n) {
+  if (avx512_elementwise()) return detail::weighted_rows_sum_avx512(y, x, ldx, rows, a, k, n);
+  std::fill(y, y + n, 0.0f);
+  for (int64_t j = 0; j < k; ++j)
+    if (rows[j] >= 0) scale_add(y, x + rows[j] * ldx, a[j], n);
+}
+
 void silu_mul(const float* g, const float* u, float* h, int64_t n) {
   if (avx512_elementwise()) return detail::silu_mul_avx512(g, u, h, n);
   for (int64_t i = 0; i < n; ++i) h[i] = silu(g[i]) * u[i];

@@ -47,6 +47,12 @@ void gate_up_silu(const float* x, int64_t M, int64_t ldx, const WeightView& gate
 // and final sum, vectorised where the CPU allows).
 void scale_add(float* y, const float* x, float a, int64_t n);
 
+// y[i] = sum over j < k, ascending, of a[j] * x[rows[j] * ldx + i], slots with rows[j] < 0 skipped, from 0,
+// each product rounded before its sum: the bits of zeroing y and calling scale_add per slot, on every ISA,
+// with y written once (the layer's combine).
+void weighted_rows_sum(float* y, const float* x, int64_t ldx, const int32_t* rows, const float* a, int64_t k,
+                       int64_t n);
+
 // h[i] = silu(g[i]) * u[i], silu(z) = z / (1 + exp(-z)). The bits depend on (g, u, ISA) alone: the scalar
 // and AVX2 paths use expf, the AVX-512 ones a 16-lane exp within a few ulp of it (about 20x faster).
 void silu_mul(const float* g, const float* u, float* h, int64_t n);

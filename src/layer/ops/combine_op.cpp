@@ -1,9 +1,7 @@
 // "combine": per token, the weighted sum of its k expert outputs, in slot order (selection order: score
 // descending, expert index ascending), fp32, starting from 0, each product rounded before its sum
-// (scale_add: the same bits on every ISA). Slots owned by another expert-parallel rank
+// (weighted_rows_sum: the same bits on every ISA). Slots owned by another expert-parallel rank
 // (pair_row -1) are skipped. The routing weights already carry routed_scaling_factor (layer/routing.h).
-#include <algorithm>
-
 #include "kernels/linear.h"
 #include "layer/ops/ops.h"
 
@@ -21,15 +19,9 @@ rt::Op make_combine_op(const Context& c) {
   rt::Op op{.name = "combine", .num_tiles = grid.num_tiles()};
   op.tile = [=](int tile) {
     const Grid::Cell cell = grid.cell(tile);
-    for (int64_t i = cell.r0; i < cell.r1; ++i) {
-      float* o = out + i * h + cell.c0;
-      std::fill(o, o + (cell.c1 - cell.c0), 0.0f);
-      for (int64_t j = 0; j < k; ++j) {
-        const int32_t r = b.pair_row[i * k + j];
-        if (r < 0) continue;
-        scale_add(o, b.og + static_cast<int64_t>(r) * h + cell.c0, b.topk_weights[i * k + j], cell.c1 - cell.c0);
-      }
-    }
+    for (int64_t i = cell.r0; i < cell.r1; ++i)
+      weighted_rows_sum(out + i * h + cell.c0, b.og + cell.c0, h, b.pair_row + i * k, b.topk_weights + i * k, k,
+                        cell.c1 - cell.c0);
   };
   const size_t pairs = static_cast<size_t>(t * k);
   op.accesses = {rt::reads(b.pair_row, pairs * 4), rt::reads(b.topk_weights, pairs * 4),
