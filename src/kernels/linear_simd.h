@@ -81,17 +81,21 @@ struct RowCursor<V, DType::kF8E4M3> {
   typename V::Reg load_tail(int64_t k, int n) const { return V::load_fp8_tail(p + k, n, scale); }
 };
 
-// y[t * ldy + r] for t < T, r < R: rows n .. n+R of w against tokens x[0 .. T). The R rows starting
-// lead_rows (>= R) further on are streamed in under the FMAs.
+// y[t * ldy + r] for t < T, r < R: rows n .. n+R of w against tokens x[0 .. T). Streamed in under the
+// FMAs: with lead_cols == 0, the R rows starting lead_rows (>= R) further on, at the rate these are
+// consumed; with lead_cols > 0, these R rows lead_cols columns ahead of the reads, running on into the
+// next R rows' columns past the row end.
 template <class V, DType D, int R, int T>
 void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy,
-                  int64_t lead_rows = R) {
+                  int64_t lead_rows = R, int64_t lead_cols = 0) {
   using Reg = typename V::Reg;
   constexpr int L = V::kLanes;
-  constexpr int64_t kBlockColBytes = R * static_cast<int64_t>(dtype_size(D));
+  constexpr int64_t es = static_cast<int64_t>(dtype_size(D));
+  constexpr int64_t kBlockColBytes = R * es;
   const int64_t K = w.cols;
-  const char* next = static_cast<const char*>(w.data) + (n + lead_rows) * K * static_cast<int64_t>(dtype_size(D));
-  const char* end = static_cast<const char*>(w.data) + w.rows * K * static_cast<int64_t>(dtype_size(D));
+  const char* here = static_cast<const char*>(w.data) + n * K * es;
+  const char* next = here + lead_rows * K * es;
+  const char* end = static_cast<const char*>(w.data) + w.rows * K * es;
   RowCursor<V, D> rows[R];
   Reg acc[R][T];
 #pragma GCC unroll 8
@@ -104,7 +108,15 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) rows[r].block(kb / kScaleBlock);
     const int64_t kend = std::min(K, kb + kScaleBlock);
-    {
+    if (lead_cols > 0) {
+      // Columns c >= K are column c - K of the next R rows.
+      for (int64_t c = kb + lead_cols; c < kend + lead_cols; c += 64 / es) {
+        const char* p = here + ((c / K) * R * K + c % K) * es;
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+          if (p + r * K * es < end) V::prefetch(p + r * K * es);
+      }
+    } else {
       // The hardware prefetchers lose the R short row streams at every row block (a bf16 row of 2048 is
       // one 4 KiB page), so stream the next row block in at the rate this one is consumed (T0 measured best,
       // with NTA; NTA would evict what prefill re-reads).
@@ -154,6 +166,7 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
 
 inline constexpr int64_t kMaxMacroTokens = 32;
 inline constexpr int64_t kDecodeLeadBytes = 8 << 10;  // per token; 4 and 16 KiB measured slower at 1 token
+inline constexpr int64_t kRowLeadBytes = 1536;  // per row, 3-4 tokens (see wide_rows)
 inline constexpr int64_t kPanelCols = 512;  // a multiple of kScaleBlock
 
 // Tokens x[0 .. T) against panel columns [c0, c1) of R converted rows; the accumulators live in acc_mem
@@ -266,14 +279,21 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
 // pass over tokens [4, M) that re-reads the R rows from L1. Below 9 tokens this beats converting the rows
 // into fp32 panels, whose store and reload the few tokens do not repay (one thread, bf16 weights from DRAM,
 // 6 rows: 512x2048 at 5-8 tokens 88-106 us against 99-113 us; 2048x512 78-101 us against 109-125 us).
+//
+// With 3-4 tokens (one pass) the rows are streamed in kRowLeadBytes per row ahead of the reads rather than a
+// whole row block ahead: the block's prefetched 24 KiB (6 bf16 rows of 2048) pushed the tokens' 24-32 KiB
+// of x out of the 48 KiB L1 at every block (one thread, bf16 from DRAM, 4 tokens: 512x2048 71-75 ->
+// 58-62 us, 2048x512 58-61 -> 54-56 us; 3 tokens: 512x2048 unchanged, 2048x512 56-58 -> 55-56 us). With
+// two passes it measured 8-15% slower, so 5-8 tokens keep the next-block stream.
 template <class V, DType D, int R>
 void wide_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
+  const int64_t lead_cols = M <= 4 ? kRowLeadBytes / static_cast<int64_t>(dtype_size(D)) : 0;
   const auto pass = [&](const float* xt, int64_t T, float* yt) {
     switch (T) {
       case 1: micro_kernel<V, D, R, 1>(xt, ldx, w, n, yt, ldy); break;
       case 2: micro_kernel<V, D, R, 2>(xt, ldx, w, n, yt, ldy); break;
-      case 3: micro_kernel<V, D, R, 3>(xt, ldx, w, n, yt, ldy); break;
-      default: micro_kernel<V, D, R, 4>(xt, ldx, w, n, yt, ldy); break;
+      case 3: micro_kernel<V, D, R, 3>(xt, ldx, w, n, yt, ldy, R, lead_cols); break;
+      default: micro_kernel<V, D, R, 4>(xt, ldx, w, n, yt, ldy, R, lead_cols); break;
     }
   };
   pass(x, std::min<int64_t>(M, 4), y);
