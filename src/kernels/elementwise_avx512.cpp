@@ -1,5 +1,6 @@
 // AVX-512 elementwise kernels, 16 lanes at a time: scale_add (y += a * x, product then sum, as the scalar
-// path rounds them), weighted_rows_sum (the combine: scale_add over k gathered rows, y written once) and SiLU-and-multiply, h = silu(g) * u with silu(z) = z / (1 + exp(-z)).
+// path rounds them), weighted_rows_sum (the combine: scale_add over k gathered rows, y written once) and
+// SiLU-and-multiply, h = silu(g) * u with silu(z) = z / (1 + exp(-z)).
 // exp is Cephes' expf scheme: n = round(x log2 e), r = x - n ln 2 in two parts (Cody-Waite), a degree-6
 // polynomial on |r| <= ln2 / 2 (relative error below 2^-22), then 2^n applied by vscalefps, which also
 // gives inf and 0 past the float range and keeps NaN. The division and the product are IEEE operations in

@@ -109,12 +109,14 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
     for (int r = 0; r < R; ++r) rows[r].block(kb / kScaleBlock);
     const int64_t kend = std::min(K, kb + kScaleBlock);
     if (lead_cols > 0) {
-      // Columns c >= K are column c - K of the next R rows.
-      for (int64_t c = kb + lead_cols; c < kend + lead_cols; c += 64 / es) {
-        const char* p = here + ((c / K) * R * K + c % K) * es;
+      // Column kb + lead_cols and on, one line at a time; past K, the columns of the next R rows.
+      int64_t blk = (kb + lead_cols) / K, col = (kb + lead_cols) % K;
+      for (int64_t c = kb; c < kend; c += 64 / es) {
+        const char* p = here + (blk * R * K + col) * es;
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r)
           if (p + r * K * es < end) V::prefetch(p + r * K * es);
+        for (col += 64 / es; col >= K; col -= K) ++blk;
       }
     } else {
       // The hardware prefetchers lose the R short row streams at every row block (a bf16 row of 2048 is
