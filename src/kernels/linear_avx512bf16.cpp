@@ -30,18 +30,24 @@ constexpr int64_t kXBufElems = 128 * 1024;  // bf16 x of one macro-block: 256 Ki
 constexpr int64_t kPanelCols = 512;   // fp8 columns decoded to bf16 at a time (a multiple of kScaleBlock)
 constexpr int64_t kPrefetchLead = 8192;  // bytes: see Prefetch
 constexpr int kMaxPassTokens = 6;     // 4 rows x 6 tokens: 24 accumulators + 6 x + 1 weight of 32 zmm
+constexpr int kPairTokens = 8;        // 2 rows x 8 tokens: 16 accumulators + 8 x + 1 weight
+constexpr int64_t kXRowPad = 32;      // bf16 elements between x rows: see convert_x
 
 __mmask32 mask32(int64_t n) { return n >= 32 ? ~__mmask32{0} : (__mmask32{1} << n) - 1u; }
 __mmask16 mask16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1u); }
 
-// x rows [0, mc) as bf16 at xb (row stride kpad = K rounded up to kStep, the padding zero). With fp8
+// x rows [0, mc) as bf16 at xb, row stride ldxb, kpad columns each (K rounded up to kStep, the padding
+// zero). Where kpad bf16 are a multiple of 4 KiB the stride is kpad + kXRowPad: with rows of 4 KiB
+// (K = 2048) every x row and every weight row would map a column to the same L1 set, and 4 x rows + 2
+// weight rows + the lines streamed in exceed its 12 ways (bf16 512x2048 at 4 tokens, one thread from
+// DRAM: 67-68 -> 62 us with the pad; fp8 2048x7168, 14 KiB rows, measured 4% slower with it). With fp8
 // weights, `scales` is the weight row block's scale_inv row: each 128-column block of x is multiplied by
 // its scale before the rounding.
 void convert_x(const float* x, int64_t mc, int64_t ldx, int64_t K, const float* scales, uint16_t* xb,
-               int64_t kpad) {
+               int64_t kpad, int64_t ldxb) {
   for (int64_t t = 0; t < mc; ++t) {
     const float* xr = x + t * ldx;
-    uint16_t* out = xb + t * kpad;
+    uint16_t* out = xb + t * ldxb;
     for (int64_t k = 0; k < kpad; k += kStep) {
       __m512 lo, hi;
       if (k + kStep <= K) {
@@ -119,6 +125,9 @@ struct Fp8Rows {
 // blocks still give the memory time (one thread, bf16 1 KiB rows x 4, 8 tokens: 81 -> 70 us per matrix
 // with the block 8 KiB ahead instead of the next one; the same lead made the exact path's fp32 panels
 // 13% slower, so it keeps the next block); the blocks in between were streamed by the row blocks before.
+// bf16 rows stream a step's share (R lines) at every step, fp8 rows 128 columns' worth every 128 columns:
+// spread out, bf16 512x2048 at one token went from 61-62 to 56-57 us (one thread, from DRAM), while fp8
+// at one token measured slower.
 struct Prefetch {
   const char* next = nullptr;
   const char* end = nullptr;
@@ -142,7 +151,7 @@ struct Prefetch {
 // acc[r][t] over columns [0, K) of rows S (R of them) against T bf16 x rows (zero past K, up to a whole
 // step). The accumulators come from and go back to acc_mem ([T][R][16]) when it is given, else start at
 // zero and end as y[t * ldy + r].
-template <int R, int T, class S>
+template <int R, int T, class S, bool kPerStep>
 void micro(const uint16_t* xb, int64_t ldxb, const S& w, int64_t K, const Prefetch& pf, float* acc_mem, float* y,
            int64_t ldy) {
   __m512 acc[R][T];
@@ -151,8 +160,10 @@ void micro(const uint16_t* xb, int64_t ldxb, const S& w, int64_t K, const Prefet
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[r][t] = acc_mem ? _mm512_load_ps(acc_mem + (t * R + r) * 16) : _mm512_setzero_ps();
   // The T x vectors are loaded first and each row is loaded (decoded) as it is used: R x T accumulators,
-  // T x vectors and one weight vector stay within the 32 registers for every shape used here.
-  const auto step = [&](int64_t k, bool tail) {
+  // T x vectors and one weight vector stay within the 32 registers for every shape used here. Always
+  // inlined: once this file grew, GCC outlined the step of some shapes and kept their accumulators in
+  // memory (fp8 panels at 5 tokens ran 2x slower).
+  const auto step = [&](int64_t k, bool tail) __attribute__((always_inline)) {
     __m512bh xv[T];
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(xb + t * ldxb + k);
@@ -165,7 +176,8 @@ void micro(const uint16_t* xb, int64_t ldxb, const S& w, int64_t K, const Prefet
   };
   int64_t k = 0;
   for (; k + kStep <= K; k += kStep) {
-    if (k % kScaleBlock == 0) pf.columns(k, k + kScaleBlock);
+    if constexpr (kPerStep) pf.columns(k, k + kStep);
+    else if (k % kScaleBlock == 0) pf.columns(k, k + kScaleBlock);
     step(k, false);
   }
   if (k < K) step(k, true);
@@ -178,24 +190,29 @@ void micro(const uint16_t* xb, int64_t ldxb, const S& w, int64_t K, const Prefet
     }
 }
 
-// All mc tokens against R rows, in passes of up to kMaxPassTokens tokens (later passes re-read the rows
-// from L1/L2); each pass streams its share of the next row block.
-template <int R, class S>
+// All mc tokens against R rows, in passes of up to kMaxT tokens (later passes re-read the rows from
+// L1/L2); each pass streams its share of the next row block. Callers instantiate only the shapes they
+// run: the inliner's choices for the others follow the file's size (fp8 panels at 5-6 tokens moved by
+// up to 10% when never-run shapes were added).
+template <int R, int kMaxT, bool kPerStep, class S>
 void passes(const uint16_t* xb, int64_t ldxb, int64_t mc, const S& w, int64_t K, const Prefetch& pf,
             float* acc_mem, float* y, int64_t ldy) {
-  const int64_t num_passes = (mc + kMaxPassTokens - 1) / kMaxPassTokens;
-  for (int64_t t = 0; t < mc; t += kMaxPassTokens) {
-    const Prefetch p = pf.share(t / kMaxPassTokens, num_passes, K);
+  static_assert(kMaxT >= 1 && kMaxT <= 8 && R * kMaxT + kMaxT + 1 <= 32, "accumulators, x and w in 32 zmm");
+  const int64_t num_passes = (mc + kMaxT - 1) / kMaxT;
+  for (int64_t t = 0; t < mc; t += kMaxT) {
+    const Prefetch p = pf.share(t / kMaxT, num_passes, K);
     const uint16_t* xt = xb + t * ldxb;
     float* at = acc_mem ? acc_mem + t * R * 16 : nullptr;
     float* yt = y + t * ldy;
-    switch (std::min<int64_t>(mc - t, kMaxPassTokens)) {
-      case 6: micro<R, 6>(xt, ldxb, w, K, p, at, yt, ldy); break;
-      case 5: micro<R, 5>(xt, ldxb, w, K, p, at, yt, ldy); break;
-      case 4: micro<R, 4>(xt, ldxb, w, K, p, at, yt, ldy); break;
-      case 3: micro<R, 3>(xt, ldxb, w, K, p, at, yt, ldy); break;
-      case 2: micro<R, 2>(xt, ldxb, w, K, p, at, yt, ldy); break;
-      default: micro<R, 1>(xt, ldxb, w, K, p, at, yt, ldy); break;
+    switch (std::min<int64_t>(mc - t, kMaxT)) {
+      case 8: if constexpr (kMaxT >= 8) micro<R, 8, S, kPerStep>(xt, ldxb, w, K, p, at, yt, ldy); break;
+      case 7: if constexpr (kMaxT >= 7) micro<R, 7, S, kPerStep>(xt, ldxb, w, K, p, at, yt, ldy); break;
+      case 6: if constexpr (kMaxT >= 6) micro<R, 6, S, kPerStep>(xt, ldxb, w, K, p, at, yt, ldy); break;
+      case 5: if constexpr (kMaxT >= 5) micro<R, 5, S, kPerStep>(xt, ldxb, w, K, p, at, yt, ldy); break;
+      case 4: if constexpr (kMaxT >= 4) micro<R, 4, S, kPerStep>(xt, ldxb, w, K, p, at, yt, ldy); break;
+      case 3: if constexpr (kMaxT >= 3) micro<R, 3, S, kPerStep>(xt, ldxb, w, K, p, at, yt, ldy); break;
+      case 2: if constexpr (kMaxT >= 2) micro<R, 2, S, kPerStep>(xt, ldxb, w, K, p, at, yt, ldy); break;
+      default: micro<R, 1, S, kPerStep>(xt, ldxb, w, K, p, at, yt, ldy); break;
     }
   }
 }
@@ -217,27 +234,39 @@ void fp8_panels(const uint16_t* xb, int64_t ldxb, int64_t mc, const Fp8Rows& w, 
         _mm512_store_si512(panel + r * kPanelCols + (k - c0),
                            (__m512i)(k + kStep <= c1 ? w.load(r, k) : w.load_tail(r, k, c1 - k)));
     const int64_t cols = (c1 - c0 + kStep - 1) / kStep * kStep;  // the panel's tail lanes are zero
-    passes<R>(xb + c0, ldxb, mc, Bf16Rows{panel, kPanelCols}, cols, Prefetch{}, acc_mem, nullptr, 0);
+    passes<R, kMaxPassTokens, false>(xb + c0, ldxb, mc, Bf16Rows{panel, kPanelCols}, cols, Prefetch{}, acc_mem,
+                                     nullptr, 0);
   }
   for (int64_t t = 0; t < mc; ++t)
     for (int r = 0; r < R; ++r) y[t * ldy + r] = hsum16(_mm512_load_ps(acc_mem + (t * R + r) * 16));
 }
 
-// One row block: rows [n, n + R) of w, tokens [0, mc) of xb.
-template <int R>
-void row_block(const uint16_t* xb, int64_t ldxb, int64_t mc, const WeightView& w, int64_t n, const Fp8Decoder& dec,
-               float* y, int64_t ldy) {
-  const int64_t K = w.cols;
-  const int64_t es = w.dtype == DType::kF8E4M3 ? 1 : 2;
+// The stream for rows [n, n + R) of w: the row block at least `lead` bytes ahead.
+Prefetch ahead_of(const WeightView& w, int64_t n, int R, int64_t es, int64_t lead) {
+  const int64_t block = std::max<int64_t>(R * w.cols * es, 1);
   const char* base = static_cast<const char*>(w.data);
-  const int64_t ahead = std::max<int64_t>(1, (kPrefetchLead + R * K * es - 1) / std::max<int64_t>(R * K * es, 1));
-  const Prefetch pf{base + (n + ahead * R) * K * es, base + w.rows * K * es, R * es};
-  if (w.dtype == DType::kBF16)
-    return passes<R>(xb, ldxb, mc, Bf16Rows{static_cast<const uint16_t*>(w.data) + n * K, K}, K, pf, nullptr, y, ldy);
-  const Fp8Rows rows{static_cast<const uint8_t*>(w.data) + n * K, K, &dec};
-  // Up to 4 tokens (a single pass): decoded as read; more: decoded once into panels.
-  if (mc <= 4) return passes<R>(xb, ldxb, mc, rows, K, pf, nullptr, y, ldy);
-  fp8_panels<R>(xb, ldxb, mc, rows, K, pf, y, ldy);
+  const int64_t ahead = std::max<int64_t>(1, (lead + block - 1) / block);
+  return {base + (n + ahead * R) * w.cols * es, base + w.rows * w.cols * es, R * es};
+}
+
+// bf16 rows [n, n + R) against tokens [0, mc) of xb in passes of up to kMaxT, the rows `lead` bytes ahead
+// streamed in a step's share at a time.
+template <int R, int kMaxT>
+void bf16_block(const uint16_t* xb, int64_t ldxb, int64_t mc, const WeightView& w, int64_t n, float* y, int64_t ldy,
+                int64_t lead = kPrefetchLead) {
+  const Bf16Rows rows{static_cast<const uint16_t*>(w.data) + n * w.cols, w.cols};
+  passes<R, kMaxT, true>(xb, ldxb, mc, rows, w.cols, ahead_of(w, n, R, 2, lead), nullptr, y, ldy);
+}
+
+// fp8 rows [n, n + R): up to 4 tokens (a single pass) decoded as read, more decoded once into panels.
+template <int R, int kMaxT>
+void fp8_block(const uint16_t* xb, int64_t ldxb, int64_t mc, const WeightView& w, int64_t n, const Fp8Decoder& dec,
+               float* y, int64_t ldy) {
+  const Fp8Rows rows{static_cast<const uint8_t*>(w.data) + n * w.cols, w.cols, &dec};
+  const Prefetch pf = ahead_of(w, n, R, 1, kPrefetchLead);
+  constexpr int kReadT = std::min(kMaxT, 4);
+  if (mc <= kReadT) return passes<R, kReadT, false>(xb, ldxb, mc, rows, w.cols, pf, nullptr, y, ldy);
+  if constexpr (kMaxT > 4) fp8_panels<R>(xb, ldxb, mc, rows, w.cols, pf, y, ldy);
 }
 
 }  // namespace
@@ -246,29 +275,42 @@ void linear_avx512bf16(const float* x, int64_t M, int64_t ldx, const WeightView&
                        float* y, int64_t ldy) {
   const int64_t K = w.cols;
   const int64_t kpad = (K + kStep - 1) / kStep * kStep;
-  if (w.dtype == DType::kF32 || kpad > kXBufElems) return linear_avx512(x, M, ldx, w, n0, n1, y, ldy);
+  if (w.dtype == DType::kF32 || kpad + kXRowPad > kXBufElems) return linear_avx512(x, M, ldx, w, n0, n1, y, ldy);
   static const Fp8Decoder dec;
   alignas(64) uint16_t xb[kXBufElems];
   const bool fp8 = w.dtype == DType::kF8E4M3;
-  const int64_t macro = std::min(kMaxMacro, kXBufElems / std::max<int64_t>(kpad, 1));
+  const int64_t ldxb = kpad + ((kpad * 2) % 4096 == 0 ? kXRowPad : 0);
+  const int64_t macro = std::min(kMaxMacro, kXBufElems / ldxb);
   for (int64_t m0 = 0; m0 < M; m0 += macro) {
     const int64_t mc = std::min(macro, M - m0);
     // fp8: x carries the scales, so it is converted per 128-row block of the weights.
     for (int64_t s0 = n0; s0 < n1;) {
       const int64_t s1 = fp8 ? std::min(n1, (s0 / kScaleBlock + 1) * kScaleBlock) : n1;
       const float* scales = fp8 ? w.scale_inv + (s0 / kScaleBlock) * ((K + kScaleBlock - 1) / kScaleBlock) : nullptr;
-      convert_x(x + m0 * ldx, mc, ldx, K, scales, xb, kpad);
+      convert_x(x + m0 * ldx, mc, ldx, K, scales, xb, kpad, ldxb);
       float* ym = y + m0 * ldy - n0;
       int64_t n = s0;
-      // 1-2 tokens, memory-bound: fewer, longer row streams keep the hardware prefetchers locked on
-      // (one thread, weights from DRAM: bf16 rows of 4 KiB read at 0.86-0.89 of the bandwidth 2 rows at a
-      // time against 0.79 with 8); shorter rows and fp8 go 8 at a time.
-      if (mc <= 2 && !fp8 && K * 2 >= 4096)
-        for (; n + 2 <= s1; n += 2) row_block<2>(xb, kpad, mc, w, n, dec, ym + n, ldy);
-      if (mc <= 2)
-        for (; n + 8 <= s1; n += 8) row_block<8>(xb, kpad, mc, w, n, dec, ym + n, ldy);
-      for (; n + 4 <= s1; n += 4) row_block<4>(xb, kpad, mc, w, n, dec, ym + n, ldy);
-      for (; n < s1; ++n) row_block<1>(xb, kpad, mc, w, n, dec, ym + n, ldy);
+      // bf16 rows of 1 KiB or more, up to 8 tokens: memory-bound, since vdpbf16ps does the arithmetic in
+      // half the streaming time. 2 rows at a time, all tokens in one pass, the rows 8 KiB per token (16 KiB
+      // from 2 tokens on) ahead streamed in: fewer, longer row streams keep the hardware prefetchers locked
+      // on. One thread, from DRAM, us per matrix at 1 / 3 / 4 / 6 / 8 tokens, 512x2048 (2048x512), against
+      // 2 rows to 2 tokens and 4 rows x 6 tokens above that: 55 / 59 / 62 / 64 / 74-83 (54 / 56 / 56 / 59 /
+      // 60) against 61-62 / 76 / 76-78 / 81-88 / 94-103 (65 / 74 / 71 / 73 / 70).
+      // Otherwise 8 rows for 1-2 tokens, 4 rows x up to 6 tokens per pass, single rows at the end.
+      if (fp8) {
+        if (mc <= 2)
+          for (; n + 8 <= s1; n += 8) fp8_block<8, 2>(xb, ldxb, mc, w, n, dec, ym + n, ldy);
+        for (; n + 4 <= s1; n += 4) fp8_block<4, kMaxPassTokens>(xb, ldxb, mc, w, n, dec, ym + n, ldy);
+        for (; n < s1; ++n) fp8_block<1, kMaxPassTokens>(xb, ldxb, mc, w, n, dec, ym + n, ldy);
+      } else {
+        if (mc <= kPairTokens && K * 2 >= 1024)
+          for (; n + 2 <= s1; n += 2)
+            bf16_block<2, kPairTokens>(xb, ldxb, mc, w, n, ym + n, ldy, kPrefetchLead * std::min<int64_t>(mc, 2));
+        if (mc <= 2)
+          for (; n + 8 <= s1; n += 8) bf16_block<8, 2>(xb, ldxb, mc, w, n, ym + n, ldy);
+        for (; n + 4 <= s1; n += 4) bf16_block<4, kMaxPassTokens>(xb, ldxb, mc, w, n, ym + n, ldy);
+        for (; n < s1; ++n) bf16_block<1, kPairTokens>(xb, ldxb, mc, w, n, ym + n, ldy);
+      }
       s0 = s1;
     }
   }
