@@ -3,6 +3,7 @@
 // and expert-parallel partial outputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -110,6 +111,34 @@ TEST(Routing, TiesBreakByIndexAscending) {
   EXPECT_NEAR(reference_route(c, w, logits.data()).margin, p[3] - p[2], 1e-15);
   c.top_k = 2;
   EXPECT_EQ(reference_route(c, w, logits.data()).margin, 0.0);  // expert 3 ties with the kept expert 1
+}
+
+// route_token picks in one pass (k <= 32) what k argmax passes would: value descending, ties by index.
+// Logits on a few levels far apart give exact ties inside a level and none across, so the expected ids
+// are the logits sorted by (level descending, index ascending); every k from 1 to E, past 32 the passes.
+TEST(Routing, OnePassSelectionMatchesArgmaxOrderForEveryK) {
+  constexpr int64_t kE = 48;
+  uint32_t seed = 7;
+  for (const char* type : {"qwen2_moe", "glm4_moe"}) {
+    for (int rep = 0; rep < 4; ++rep) {
+      std::vector<float> logits(kE);
+      for (float& l : logits) {
+        seed = seed * 1664525u + 1013904223u;
+        l = static_cast<float>((seed >> 16) % (rep + 2)) * 2.0f - 3.0f;  // 2 to 5 levels: many ties
+      }
+      std::vector<int32_t> order(kE);
+      for (int32_t i = 0; i < kE; ++i) order[i] = i;
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+      for (int64_t k = 1; k <= kE; ++k) {
+        MoeConfig c = routing_config(type, kE, k);
+        c.n_group = 1;
+        const LayerWeights w = identity_router(kE, std::vector<float>(kE, 0.0f));
+        const Routed fast = fast_route(c, w, logits);
+        ASSERT_EQ(fast.ids, std::vector<int32_t>(order.begin(), order.begin() + k)) << type << " k=" << k;
+        ASSERT_EQ(reference_route(c, w, logits.data()).ids, fast.ids) << type << " k=" << k;
+      }
+    }
+  }
 }
 
 TEST(Routing, DeepSeekV2GroupLimitedGreedyUsesMaxGroupScore) {

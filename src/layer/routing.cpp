@@ -25,6 +25,34 @@ int64_t argmax(const float* v, int64_t n) {
   return 0;
 }
 
+// The k largest of v[0, n) into ids[0, k), in the order k argmax() passes (each setting its pick to -inf)
+// would pick them: value descending, ties by index ascending. One pass instead of k: an entry enters the
+// sorted list only if it beats the current k-th (strictly, so an equal value with a larger index stays
+// behind). Returns false where comparisons alone do not define that order: a NaN, or fewer than k entries
+// above -inf; the caller then runs the argmax passes, which have a rule for those.
+constexpr int64_t kMaxOnePassK = 32;
+bool top_k_one_pass(const float* v, int64_t n, int64_t k, int32_t* ids) {
+  if (k > kMaxOnePassK) return false;
+  float vals[kMaxOnePassK];
+  int64_t m = 0;  // entries in the list
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = v[i];
+    if (!(x > kNegInf)) {
+      if (x != x) return false;  // NaN
+      continue;
+    }
+    if (m == k && !(x > vals[k - 1])) continue;
+    int64_t j = m < k ? m++ : k - 1;
+    for (; j > 0 && x > vals[j - 1]; --j) {
+      vals[j] = vals[j - 1];
+      ids[j] = ids[j - 1];
+    }
+    vals[j] = x;
+    ids[j] = static_cast<int32_t>(i);
+  }
+  return m == k;
+}
+
 void softmax(const float* logits, int64_t n, float* p) {
   float m = logits[0];
   for (int64_t i = 1; i < n; ++i) m = logits[i] > m ? logits[i] : m;
@@ -79,13 +107,16 @@ void route_token(const MoeConfig& c, const float* bias, const float* logits, flo
   for (int64_t e = 0; e < n; ++e) select[e] = scores[e] + (bias != nullptr ? bias[e] : 0.0f);
   if (c.topk_method != TopkMethod::kGreedy && c.n_group > 1)
     mask_groups(c, select, groups, c.topk_method == TopkMethod::kNoauxTc);
+  if (!top_k_one_pass(select, n, c.top_k, ids))
+    for (int64_t j = 0; j < c.top_k; ++j) {
+      const int64_t e = argmax(select, n);
+      select[e] = kNegInf;
+      ids[j] = static_cast<int32_t>(e);
+    }
   float sum = 0.0f;
   for (int64_t j = 0; j < c.top_k; ++j) {
-    const int64_t e = argmax(select, n);
-    select[e] = kNegInf;
-    ids[j] = static_cast<int32_t>(e);
-    weights[j] = scores[e];
-    sum += scores[e];
+    weights[j] = scores[ids[j]];
+    sum += weights[j];
   }
   if (c.norm_topk_prob) {
     const float denom = sigmoid_scoring ? sum + 1e-20f : sum;

@@ -3,9 +3,10 @@
 // no throw; the caller hands each token its own scratch.
 //
 // Slot order (the order the combine sums in): selection order, i.e. selected score descending, ties broken
-// by expert index ascending. The same rule picks groups. Excluded experts (other groups, already chosen)
-// are set to -inf in the scratch, never to 0, so an fp32 probability that underflowed to 0 cannot let an
-// excluded expert win a tie.
+// by expert index ascending. The same rule picks groups. Experts of excluded groups are set to -inf in the
+// scratch, never to 0, so an fp32 probability that underflowed to 0 cannot let an excluded expert win a
+// tie. The k experts are taken in one pass over the scores (k <= 32, no NaN), else by k argmax passes that
+// set each pick to -inf; both give the same ids (Qwen3-Next, 512 experts, top-10: 5 -> 3.4 us per token).
 //
 // Weights, per scoring:
 //   softmax: p = softmax(logits); w = p[ids]; if norm_topk_prob: w /= sum(w) (no epsilon, as Qwen);
