@@ -157,8 +157,9 @@ TEST_P(KernelIsa, LongRowsAtDecodeShapes) {
   check_against_reference(DType::kBF16, 1, 9, 2048, 0, 9);
   check_against_reference(DType::kBF16, 33, 6, 2051, 0, 6);  // two token macro-blocks
   // 1-8 tokens on rows of 1 KiB (a down projection): 2-row blocks streaming several blocks ahead (the
-  // bf16-dot path takes them for up to 8 tokens in one pass, the exact path for 1-2).
-  for (int64_t M : {1, 2, 3, 5, 8}) {
+  // bf16-dot path takes them for up to 8 tokens in one pass, the exact path for 1-2), 4-row short_rows
+  // for 5-8 on the exact path.
+  for (int64_t M : {1, 2, 3, 5, 6, 7, 8}) {
     check_against_reference(DType::kBF16, M, 21, 512, 0, 21);
     check_against_reference(DType::kF32, M, 13, 300, 3, 12);
   }

@@ -13,9 +13,9 @@
 //
 // Loop structure (linear_rows): tokens in macro-blocks of up to kMaxMacroTokens (their x rows stay in
 // L2), then row blocks (2 to 8 rows, by token count, row length and dtype), then one register-blocked
-// pass for up to 4 tokens (micro_kernel), two passes for 5-8 (wide_rows), or, for more, fp32 panels of
-// the rows shared by micro-blocks of 3-4 tokens (row_block_panel). Each weight row is streamed from
-// memory once per macro-block.
+// pass for up to 4 tokens (micro_kernel), two passes for 5-8 (wide_rows; on rows of at most 1 KiB,
+// short_rows: one pass for 5-6), or, for more, fp32 panels of the rows shared by micro-blocks of 3-4
+// tokens (row_block_panel). Each weight row is streamed from memory once per macro-block.
 #pragma once
 
 #include <algorithm>
@@ -169,6 +169,7 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
 inline constexpr int64_t kMaxMacroTokens = 32;
 inline constexpr int64_t kDecodeLeadBytes = 8 << 10;  // per token; 4 and 16 KiB measured slower at 1 token
 inline constexpr int64_t kRowLeadBytes = 1536;  // per row, 3-4 tokens (see wide_rows)
+inline constexpr int64_t kShortRowLeadBytes = 16 << 10;  // 5-8 tokens on short rows (see short_rows)
 inline constexpr int64_t kPanelCols = 512;  // a multiple of kScaleBlock
 
 // Tokens x[0 .. T) against panel columns [c0, c1) of R converted rows; the accumulators live in acc_mem
@@ -302,6 +303,25 @@ void wide_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int6
   if (M > 4) pass(x + 4 * ldx, M - 4, y + 4 * ldy);
 }
 
+// 4 rows of at most 1 KiB (a down projection: bf16 K <= 512) against 5 <= M <= 8 tokens: one pass of 5-6
+// (24 accumulators), two of 4 and 3-4 for 7-8, each streaming the rows kShortRowLeadBytes ahead. The
+// tokens' x (8 x 2 KiB at most) stays in L1 beside 16 KiB in flight, where 6 rows in passes of 4 + rest
+// with the next block streamed left the memory idle between blocks (one thread, bf16 2048x512 from DRAM,
+// 5 / 6 / 7 / 8 tokens: 76-79 / 82-84 / 89-98 / 96-104 -> 58-62 / 65-68 / 76-80 / 85-87 us).
+template <class V, DType D>
+void short_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
+  const int64_t row_bytes = w.cols * static_cast<int64_t>(dtype_size(D));
+  const int64_t lead = std::max<int64_t>(4, (kShortRowLeadBytes / std::max<int64_t>(row_bytes, 1) + 3) / 4 * 4);
+  switch (M) {
+    case 5: return micro_kernel<V, D, 4, 5>(x, ldx, w, n, y, ldy, lead);
+    case 6: return micro_kernel<V, D, 4, 6>(x, ldx, w, n, y, ldy, lead);
+    default:
+      micro_kernel<V, D, 4, 4>(x, ldx, w, n, y, ldy, lead);
+      if (M == 7) return micro_kernel<V, D, 4, 3>(x + 4 * ldx, ldx, w, n, y + 4 * ldy, ldy, lead);
+      return micro_kernel<V, D, 4, 4>(x + 4 * ldx, ldx, w, n, y + 4 * ldy, ldy, lead);
+  }
+}
+
 // One row block against tokens [0, M), M <= kMaxMacroTokens.
 template <class V, DType D, int R>
 void row_block(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
@@ -345,9 +365,12 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
     }
     if (mc == 1)  // one token: more rows in flight to cover the FMA latency
       for (; n + 8 <= n1; n += 8) micro_kernel<V, D, 8, 1>(xm, ldx, w, n, ym + (n - n0), ldy);
-    // 3-8 tokens: 6 rows (wide_rows). 6 rows x 4 tokens fills 24 of 32 registers (measured ~10% faster
-    // than 4 x 4 for bf16 on one thread); 6 x 3 at 3 tokens (bf16 512x2048 from DRAM: 66-68 us against
-    // 71-73 with 4 x 3). fp8 rows carry a scale register each and stay at 4.
+    // 3-8 tokens: 6 rows (wide_rows), except 5-8 on rows of at most 1 KiB (short_rows). 6 rows x 4 tokens
+    // fills 24 of 32 registers (measured ~10% faster than 4 x 4 for bf16 on one thread); 6 x 3 at 3 tokens
+    // (bf16 512x2048 from DRAM: 66-68 us against 71-73 with 4 x 3). fp8 rows carry a scale register each
+    // and stay at 4.
+    if (mc >= 5 && mc <= 8 && V::kWideBlocks && D != DType::kF8E4M3 && row_bytes <= 1024)
+      for (; n + 4 <= n1; n += 4) short_rows<V, D>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     if (mc >= 3 && mc <= 8 && V::kWideBlocks && D != DType::kF8E4M3)
       for (; n + 6 <= n1; n += 6) wide_rows<V, D, 6>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     // Wide panels (8 rows x 3 tokens, FMAs on L1-resident panel rows) halve the x traffic per FMA. With
