@@ -14,7 +14,9 @@
 namespace moe::ops {
 
 namespace {
-constexpr int64_t kTokensPerTile = 16;
+// 32 tokens per call: the matrix's conversion to fp32 panels and its reads from cache are shared by twice
+// as many tokens as with 16 (one worker, Qwen3-Next at 128 tokens: gate_up + down 4.9-5.0 -> 4.4-4.6 ms).
+constexpr int64_t kTokensPerTile = 32;
 constexpr int64_t kActChunk = 4096;  // elements per "act" tile
 
 Grid token_grid(const Context& c, int64_t cols) {
