@@ -39,8 +39,7 @@ MoeConfig trace_config() {
 }
 
 const std::set<std::string> kRouted = {"router", "topk", "dispatch", "experts.gate_up", "experts.down", "combine"};
-const std::set<std::string> kShared = {"shared_gate", "shared.gate_up", "shared.act",
-                                       "shared.down"};
+const std::set<std::string> kShared = {"shared_gate", "shared.gate_up", "shared.act", "shared.down"};
 
 const rt::OpRecord& find(const rt::Trace& t, const std::string& name) {
   for (const rt::OpRecord& r : t.ops)

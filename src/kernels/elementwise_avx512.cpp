@@ -1,4 +1,4 @@
-// AVX-512 elementwise kernels, 16 lanes at a time: scale_add (y += a * x, product then sum, as the scalar
+// AVX-512 elementwise kernels, 16 lanes at a time: scale_add (y = r + a * x, product then sum, as the scalar
 // path rounds them), weighted_rows_sum (the combine: scale_add over k gathered rows, y written once) and
 // SiLU-and-multiply, h = silu(g) * u with silu(z) = z / (1 + exp(-z)).
 // exp is Cephes' expf scheme: n = round(x log2 e), r = x - n ln 2 in two parts (Cody-Waite), a degree-6
@@ -39,14 +39,14 @@ __m512 silu_mul16(__m512 g, __m512 u) {
 
 }  // namespace
 
-void scale_add_avx512(float* y, const float* x, float a, int64_t n) {
+void scale_add_avx512(float* y, const float* r, const float* x, float a, int64_t n) {
   const __m512 av = _mm512_set1_ps(a);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(y + i), _mm512_mul_ps(av, _mm512_loadu_ps(x + i))));
+    _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(r + i), _mm512_mul_ps(av, _mm512_loadu_ps(x + i))));
   if (i < n) {
     const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), _mm512_mul_ps(av, _mm512_maskz_loadu_ps(m, x + i)));
+    const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, r + i), _mm512_mul_ps(av, _mm512_maskz_loadu_ps(m, x + i)));
     _mm512_mask_storeu_ps(y + i, m, v);
   }
 }

@@ -125,11 +125,11 @@ bool avx512_elementwise() {
 }
 }  // namespace
 
-void scale_add(float* y, const float* x, float a, int64_t n) {
-  if (avx512_elementwise()) return detail::scale_add_avx512(y, x, a, n);
+void scale_add(float* y, const float* r, const float* x, float a, int64_t n) {
+  if (avx512_elementwise()) return detail::scale_add_avx512(y, r, x, a, n);
   for (int64_t i = 0; i < n; ++i) {
     const float p = a * x[i];  // rounded before the sum (this file is compiled with -ffp-contract=off)
-    y[i] += p;
+    y[i] = r[i] + p;
   }
 }
 

@@ -43,9 +43,10 @@ void linear_exact(const float* x, int64_t M, int64_t ldx, const WeightView& w, i
 void gate_up_silu(const float* x, int64_t M, int64_t ldx, const WeightView& gate, const WeightView& up,
                   int64_t i0, int64_t i1, float* h, int64_t ldh);
 
-// y[i] += a * x[i], the product rounded before the sum: the same bits on every ISA (the layer's final sum,
-// vectorised where the CPU allows).
-void scale_add(float* y, const float* x, float a, int64_t n);
+// y[i] = r[i] + a * x[i], the product rounded before the sum: the same bits on every ISA (the layer's final
+// sum, vectorised where the CPU allows). r may be y.
+void scale_add(float* y, const float* r, const float* x, float a, int64_t n);
+inline void scale_add(float* y, const float* x, float a, int64_t n) { scale_add(y, y, x, a, n); }
 
 // y[i] = sum over j < k, ascending, of a[j] * x[rows[j] * ldx + i], slots with rows[j] < 0 skipped, from 0,
 // each product rounded before its sum: the bits of zeroing y and calling scale_add per slot, on every ISA,

@@ -20,7 +20,7 @@ void linear_avx512bf16(const float* x, int64_t M, int64_t ldx, const WeightView&
                        float* y, int64_t ldy);
 // silu_mul, scale_add and weighted_rows_sum on 16 lanes (elementwise_avx512.cpp), for both AVX-512 ISAs.
 void silu_mul_avx512(const float* g, const float* u, float* h, int64_t n);
-void scale_add_avx512(float* y, const float* x, float a, int64_t n);
+void scale_add_avx512(float* y, const float* r, const float* x, float a, int64_t n);
 void weighted_rows_sum_avx512(float* y, const float* x, int64_t ldx, const int32_t* rows, const float* a, int64_t k,
                               int64_t n);
 

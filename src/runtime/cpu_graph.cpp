@@ -55,10 +55,8 @@ bool CpuCore::start_graph(CpuStream& s, CpuEntry& e) {
   g.ready_head = g.ready_tail = 0;
   g.nodes_done = 0;
   g.polls.clear();
-  for (int r : g.roots) {
-    graph_node_ready(s, e, r);
-    if (!g.empty_stack.empty()) graph_node_done(s, e, -1);  // r had nothing to run
-  }
+  for (int r : g.roots) graph_node_ready(s, e, r);
+  graph_node_done(s, e, -1);  // the roots with nothing to run, and what they release
   if (g.nodes_done == static_cast<int>(g.nodes.size())) {
     g.running = false;
     for (auto& r : e.node_traces) trace_.ops.push_back(std::move(r));

@@ -78,7 +78,6 @@ class SmallVector {
   bool in_place() const { return !heap_; }
 
  private:
-
   T inline_[N] = {};
   std::unique_ptr<T[]> heap_;
   size_t capacity_ = N;

@@ -1,6 +1,4 @@
 // "sum": y = routed + gate * shared (Qwen), or routed + shared (DeepSeek/Kimi/GLM: ungated), after the join.
-#include <algorithm>
-
 #include "kernels/linear.h"
 #include "layer/ops/ops.h"
 
@@ -21,9 +19,8 @@ rt::Op make_sum_op(const Context& c) {
   op.tile = [=](int tile) {
     const Grid::Cell cell = grid.cell(tile);
     for (int64_t i = cell.r0; i < cell.r1; ++i) {
-      const int64_t at = i * h + cell.c0, n = cell.c1 - cell.c0;
-      std::copy(routed + at, routed + at + n, y + at);
-      scale_add(y + at, shared + at, gate != nullptr ? gate[i] : 1.0f, n);  // 1 * s == s exactly
+      const int64_t at = i * h + cell.c0;
+      scale_add(y + at, routed + at, shared + at, gate != nullptr ? gate[i] : 1.0f, cell.c1 - cell.c0);  // 1 * s == s
     }
   };
   const size_t n = static_cast<size_t>(t * h) * 4;
