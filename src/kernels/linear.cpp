@@ -147,18 +147,19 @@ void silu_mul(const float* g, const float* u, float* h, int64_t n) {
 }
 
 // gate and up go through linear() into stack tiles (no allocation), then silu_mul(): bitwise the same as
-// the unfused sequence by construction. A tile holds up to 32 tokens and 2048 / tokens rows, at least 64:
-// with many tokens the row block of both matrices stays in cache while all of them pass over it; with
-// few, each matrix is streamed in long runs (one token: 2048 rows, a whole Qwen3-Next expert, where
-// 64-row runs alternating between gate and up restarted the memory streams 16 times per expert).
+// the unfused sequence by construction. A tile holds up to 32 tokens. With more than 8 it holds 2048 /
+// tokens rows, at least 64, so the row block of both matrices stays in cache while all tokens pass over
+// it. With up to 8 (decode) it holds 4096 / tokens rows, at least 512, so each matrix of a Qwen3-Next
+// expert is streamed in one run: 64-row runs alternating between gate and up restarted the memory streams
+// 16 times per expert, and at 5-8 tokens 2048 / tokens rows split each matrix in two with a remainder.
 void gate_up_silu(const float* x, int64_t M, int64_t ldx, const WeightView& gate, const WeightView& up,
                   int64_t i0, int64_t i1, float* h, int64_t ldh) {
-  constexpr int64_t kTokens = 32, kTileFloats = kTokens * 64;
+  constexpr int64_t kTokens = 32, kTileFloats = 4096, kDecodeTokens = 8;
   float g[kTileFloats], u[kTileFloats];
   const Isa isa = active_isa();
   for (int64_t m0 = 0; m0 < M; m0 += kTokens) {
     const int64_t mt = std::min(kTokens, M - m0);
-    const int64_t rows = kTileFloats / mt;  // >= 64
+    const int64_t rows = (mt <= kDecodeTokens ? kTileFloats : kTileFloats / 2) / mt;
     for (int64_t r0 = i0; r0 < i1; r0 += rows) {
       const int64_t r1 = std::min(i1, r0 + rows);
       linear_from_n0(isa, x + m0 * ldx, mt, ldx, gate, r0, r1, g, rows);

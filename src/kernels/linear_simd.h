@@ -13,8 +13,8 @@
 //
 // Loop structure (linear_rows): tokens in macro-blocks of up to kMaxMacroTokens (their x rows stay in
 // L2), then row blocks (2 to 8 rows, by token count, row length and dtype), then one register-blocked
-// pass for up to 4 tokens (micro_kernel), two passes for 5-8 (wide_rows; on rows of at most 1 KiB,
-// short_rows: one pass for 5-6), or, for more, fp32 panels of the rows shared by micro-blocks of 3-4
+// pass for up to 4 tokens (micro_kernel), one for 5-6 (short_rows on rows of at most 1 KiB, long_rows on
+// longer ones), two for 7-8 (wide_rows, or short_rows), or, for more, fp32 panels of the rows shared by micro-blocks of 3-4
 // tokens (row_block_panel). Each weight row is streamed from memory once per macro-block.
 #pragma once
 
@@ -170,6 +170,7 @@ inline constexpr int64_t kMaxMacroTokens = 32;
 inline constexpr int64_t kDecodeLeadBytes = 8 << 10;  // per token; 4 and 16 KiB measured slower at 1 token
 inline constexpr int64_t kRowLeadBytes = 1536;  // per row, 3-4 tokens (see wide_rows)
 inline constexpr int64_t kShortRowLeadBytes = 16 << 10;  // 5-8 tokens on short rows (see short_rows)
+inline constexpr int64_t kLongRowLeadBytes = 2048;  // per row, 5-6 tokens on long rows (see long_rows)
 inline constexpr int64_t kPanelCols = 512;  // a multiple of kScaleBlock
 
 // Tokens x[0 .. T) against panel columns [c0, c1) of R converted rows; the accumulators live in acc_mem
@@ -287,7 +288,7 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
 // whole row block ahead: the block's prefetched 24 KiB (6 bf16 rows of 2048) pushed the tokens' 24-32 KiB
 // of x out of the 48 KiB L1 at every block (one thread, bf16 from DRAM, 4 tokens: 512x2048 71-75 ->
 // 58-62 us, 2048x512 58-61 -> 54-56 us; 3 tokens: 512x2048 unchanged, 2048x512 56-58 -> 55-56 us). With
-// two passes it measured 8-15% slower, so 5-8 tokens keep the next-block stream.
+// two passes it measured 8-15% slower, so 7-8 tokens keep the next-block stream (5-6: long_rows).
 template <class V, DType D, int R>
 void wide_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
   const int64_t lead_cols = M <= 4 ? kRowLeadBytes / static_cast<int64_t>(dtype_size(D)) : 0;
@@ -320,6 +321,18 @@ void short_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int
       if (M == 7) return micro_kernel<V, D, 4, 3>(x + 4 * ldx, ldx, w, n, y + 4 * ldy, ldy, lead);
       return micro_kernel<V, D, 4, 4>(x + 4 * ldx, ldx, w, n, y + 4 * ldy, ldy, lead);
   }
+}
+
+// 4 rows of more than 1 KiB (a gate or up projection: bf16 K > 512) against 5 or 6 tokens in one pass (20-24
+// accumulators), each row streamed kLongRowLeadBytes ahead of its reads. Two passes over 6 rows (wide_rows)
+// converted every weight twice and ran the second, 1-2 token pass at the load ports' pace (one thread, bf16
+// 512x2048, weights in L3: 5 tokens 72-75 -> 55-58 us); from DRAM, 5 / 6 tokens 84-87 / 93-97 -> 70-71 /
+// 74-88 us. Leads of 1 KiB and of 3-4 KiB measured slower, and so did 3 rows x 7-8 tokens.
+template <class V, DType D>
+void long_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
+  const int64_t lead_cols = kLongRowLeadBytes / static_cast<int64_t>(dtype_size(D));
+  if (M == 5) return micro_kernel<V, D, 4, 5>(x, ldx, w, n, y, ldy, 4, lead_cols);
+  micro_kernel<V, D, 4, 6>(x, ldx, w, n, y, ldy, 4, lead_cols);
 }
 
 // One row block against tokens [0, M), M <= kMaxMacroTokens.
@@ -365,12 +378,14 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
     }
     if (mc == 1)  // one token: more rows in flight to cover the FMA latency
       for (; n + 8 <= n1; n += 8) micro_kernel<V, D, 8, 1>(xm, ldx, w, n, ym + (n - n0), ldy);
-    // 3-8 tokens: 6 rows (wide_rows), except 5-8 on rows of at most 1 KiB (short_rows). 6 rows x 4 tokens
-    // fills 24 of 32 registers (measured ~10% faster than 4 x 4 for bf16 on one thread); 6 x 3 at 3 tokens
-    // (bf16 512x2048 from DRAM: 66-68 us against 71-73 with 4 x 3). fp8 rows carry a scale register each
-    // and stay at 4.
+    // 3-8 tokens: 6 rows (wide_rows), except 5-8 on rows of at most 1 KiB (short_rows) and 5-6 on longer
+    // ones (long_rows). 6 rows x 4 tokens fills 24 of 32 registers (measured ~10% faster than 4 x 4 for bf16
+    // on one thread); 6 x 3 at 3 tokens (bf16 512x2048 from DRAM: 66-68 us against 71-73 with 4 x 3). fp8
+    // rows carry a scale register each and stay at 4.
     if (mc >= 5 && mc <= 8 && V::kWideBlocks && D != DType::kF8E4M3 && row_bytes <= 1024)
       for (; n + 4 <= n1; n += 4) short_rows<V, D>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
+    if (mc >= 5 && mc <= 6 && V::kWideBlocks && D != DType::kF8E4M3 && row_bytes > 1024)
+      for (; n + 4 <= n1; n += 4) long_rows<V, D>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     if (mc >= 3 && mc <= 8 && V::kWideBlocks && D != DType::kF8E4M3)
       for (; n + 6 <= n1; n += 6) wide_rows<V, D, 6>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     // Wide panels (8 rows x 3 tokens, FMAs on L1-resident panel rows) halve the x traffic per FMA. With
