@@ -78,9 +78,8 @@ WeightView matrix(DType dt, int64_t rows, int64_t cols, int64_t i, int64_t* coun
   return w;
 }
 
-// x [M, cols] and y [M, rows], 64-byte aligned like the layer's workspace: a heap vector is 16-byte
-// aligned, so every 64-byte load of x would straddle two lines (3 tokens on 512x2048 measured 5 us slower
-// than 4 that way, and no layer call sees it).
+// x [M, cols] and y [M, rows], 64-byte aligned like the layer's workspace: a heap vector is only 16-byte
+// aligned, and every 64-byte load of x then straddles two lines, which no layer call does.
 struct Activations {
   std::vector<float> store;
   float *x, *y;
