@@ -14,8 +14,9 @@
 // Loop structure (linear_rows): tokens in macro-blocks of up to kMaxMacroTokens (their x rows stay in
 // L2), then row blocks (2 to 8 rows, by token count, row length and dtype), then one register-blocked
 // pass for up to 4 tokens (micro_kernel), one for 5-6 (short_rows on rows of at most 1 KiB, long_rows on
-// longer ones), two for 7-8 (wide_rows, or short_rows), or, for more, fp32 panels of the rows shared by micro-blocks of 3-4
-// tokens (row_block_panel). Each weight row is streamed from memory once per macro-block.
+// longer ones), two for 7-8 (wide_rows, or short_rows), or, for more, fp32 panels of the rows shared by
+// micro-blocks of 3-4 tokens (row_block_panel). Each weight row is streamed from memory once per
+// macro-block.
 #pragma once
 
 #include <algorithm>
@@ -323,11 +324,11 @@ void short_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int
   }
 }
 
-// 4 rows of more than 1 KiB (a gate or up projection: bf16 K > 512) against 5 or 6 tokens in one pass (20-24
-// accumulators), each row streamed kLongRowLeadBytes ahead of its reads. Two passes over 6 rows (wide_rows)
-// converted every weight twice and ran the second, 1-2 token pass at the load ports' pace (one thread, bf16
-// 512x2048, weights in L3: 5 tokens 72-75 -> 55-58 us); from DRAM, 5 / 6 tokens 84-87 / 93-97 -> 70-71 /
-// 74-88 us. Leads of 1 KiB and of 3-4 KiB measured slower, and so did 3 rows x 7-8 tokens.
+// 4 rows of more than 1 KiB (a gate or up projection: bf16 K > 512) against 5 or 6 tokens in one pass
+// (20-24 accumulators), each row streamed kLongRowLeadBytes ahead of its reads. Two passes over 6 rows
+// (wide_rows) converted every weight twice and ran the second, 1-2 token pass at the load ports' pace (one
+// thread, bf16 512x2048, weights in L3: 5 tokens 72-75 -> 55-58 us; from DRAM, 5 / 6 tokens 85-87 / 95-97
+// -> 69-71 / 74 us). Leads of 1, 1.5, 3 and 4 KiB measured slower, and so did 3 rows x 7-8 tokens.
 template <class V, DType D>
 void long_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
   const int64_t lead_cols = kLongRowLeadBytes / static_cast<int64_t>(dtype_size(D));
