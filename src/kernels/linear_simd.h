@@ -327,8 +327,8 @@ void short_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int
 // 4 rows of more than 1 KiB (a gate or up projection: bf16 K > 512) against 5 or 6 tokens in one pass
 // (20-24 accumulators), each row streamed kLongRowLeadBytes ahead of its reads. Two passes over 6 rows
 // (wide_rows) converted every weight twice and ran the second, 1-2 token pass at the load ports' pace (one
-// thread, bf16 512x2048, weights in L3: 5 tokens 72-75 -> 55-58 us; from DRAM, 5 / 6 tokens 85-87 / 95-97
-// -> 69-71 / 74 us). Leads of 1, 1.5, 3 and 4 KiB measured slower, and so did 3 rows x 7-8 tokens.
+// thread, bf16 512x2048, 5 / 6 tokens, weights in L3: 74-75 / 82 -> 57-59 / 68-71 us; from DRAM: 85-87 /
+// 95-97 -> 69-71 / 74 us). Leads of 1, 1.5, 3 and 4 KiB measured slower, and so did 3 rows x 7-8 tokens.
 template <class V, DType D>
 void long_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
   const int64_t lead_cols = kLongRowLeadBytes / static_cast<int64_t>(dtype_size(D));
