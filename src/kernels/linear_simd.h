@@ -310,6 +310,8 @@ void wide_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int6
 // tokens' x (8 x 2 KiB at most) stays in L1 beside 16 KiB in flight, where 6 rows in passes of 4 + rest
 // with the next block streamed left the memory idle between blocks (one thread, bf16 2048x512 from DRAM,
 // 5 / 6 / 7 / 8 tokens: 76-79 / 82-84 / 89-98 / 96-104 -> 58-62 / 65-68 / 76-80 / 85-87 us).
+// Not shared with long_rows through a lead_cols argument: passed at run time, its 0 here kept GCC from
+// specialising micro_kernel on it (7-8 tokens measured 15% slower).
 template <class V, DType D>
 void short_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
   const int64_t row_bytes = w.cols * static_cast<int64_t>(dtype_size(D));
@@ -383,11 +385,12 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
     // ones (long_rows). 6 rows x 4 tokens fills 24 of 32 registers (measured ~10% faster than 4 x 4 for bf16
     // on one thread); 6 x 3 at 3 tokens (bf16 512x2048 from DRAM: 66-68 us against 71-73 with 4 x 3). fp8
     // rows carry a scale register each and stay at 4.
-    if (mc >= 5 && mc <= 8 && V::kWideBlocks && D != DType::kF8E4M3 && row_bytes <= 1024)
+    constexpr bool kWide = V::kWideBlocks && D != DType::kF8E4M3;
+    if (kWide && mc >= 5 && mc <= 8 && row_bytes <= 1024)
       for (; n + 4 <= n1; n += 4) short_rows<V, D>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
-    if (mc >= 5 && mc <= 6 && V::kWideBlocks && D != DType::kF8E4M3 && row_bytes > 1024)
+    if (kWide && mc >= 5 && mc <= 6 && row_bytes > 1024)
       for (; n + 4 <= n1; n += 4) long_rows<V, D>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
-    if (mc >= 3 && mc <= 8 && V::kWideBlocks && D != DType::kF8E4M3)
+    if (kWide && mc >= 3 && mc <= 8)
       for (; n + 6 <= n1; n += 6) wide_rows<V, D, 6>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     // Wide panels (8 rows x 3 tokens, FMAs on L1-resident panel rows) halve the x traffic per FMA. With
     // the next row block streamed under all micro-blocks they are the faster choice from 9 tokens on, and
