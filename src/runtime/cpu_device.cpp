@@ -88,8 +88,9 @@ void CpuCore::pin_workers() {
 // ---- queue blocks --------------------------------------------------------------------------------------
 
 BlockPool::~BlockPool() {
-  for (auto& [bytes, blocks] : free_)
-    for (void* b : blocks) ::operator delete(b, bytes);
+  // Unsized delete: clang before 19 declares the sized one only with -fsized-deallocation.
+  for (auto& entry : free_)
+    for (void* b : entry.second) ::operator delete(b);
 }
 
 void* BlockPool::get(size_t bytes) {
