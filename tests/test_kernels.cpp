@@ -168,7 +168,9 @@ TEST_P(KernelIsa, LongRowsAtDecodeShapes) {
   for (int64_t M : {3, 4, 5, 6, 7}) check_against_reference(DType::kBF16, M, 9, 2048, 1, 9);
 }
 
-// The determinism contract: each row's bits are the same alone, in any batch, in any row range.
+// The determinism contract: each row's bits are the same alone, in any batch, in any row range. (A single
+// row of a single token is reduced on its own, a batch several accumulators per register on AVX-512, so
+// this also pins the packed reduction to the plain one.)
 TEST_P(KernelIsa, RowBitsIndependentOfBatchAndRange) {
   constexpr int64_t M = 37, N = 23;
   for (auto [dt, K] : {std::pair{DType::kF32, int64_t{259}}, {DType::kBF16, int64_t{259}},

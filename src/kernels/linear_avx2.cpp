@@ -37,6 +37,17 @@ struct Avx2 {
     b = _mm_add_ss(b, _mm_movehdup_ps(b));
     return _mm_cvtss_f32(b);
   }
+  // One dot product at a time (the AVX-512 paths reduce several together).
+  template <int R, int T>
+  static void hsum_acc(const Reg (&acc)[R][T], float* y, int64_t ldy) {
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) y[t * ldy + r] = hsum(acc[r][t]);
+  }
+  template <int R>
+  static void hsum_mem(const float* acc_mem, int64_t M, float* y, int64_t ldy) {
+    for (int64_t t = 0; t < M; ++t)
+      for (int r = 0; r < R; ++r) y[t * ldy + r] = hsum(load(acc_mem + (t * R + r) * kLanes));
+  }
 
   static Reg bf16(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
   static Reg load_bf16(const uint16_t* p) { return bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }

@@ -27,7 +27,14 @@ struct Avx512 {
   static void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
   static Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
   static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
-  static float hsum(Reg v) { return detail::hsum16(v); }
+  // The fixed 16-lane tree (avx512_hsum.h) of acc[r][t] into y[t * ldy + r], and of M tokens'
+  // accumulators parked as [t][r][lanes]: up to 16 reduced together, each sum bitwise hsum16's.
+  template <int R, int T>
+  static void hsum_acc(const Reg (&acc)[R][T], float* y, int64_t ldy) { detail::hsum16_acc<R, T>(acc, y, ldy); }
+  template <int R>
+  static void hsum_mem(const float* acc_mem, int64_t M, float* y, int64_t ldy) {
+    detail::hsum16_mem<R>(acc_mem, M, y, ldy);
+  }
 
   // bf16 -> fp32 is exact: the 16 bits become the top half.
   static Reg bf16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }

@@ -1,12 +1,14 @@
 // The register-blocked linear kernel shared by the SIMD paths (internal to moe_kernels).
 //
-// Each ISA's .cpp defines its vector traits V (Reg, kLanes, zero/load/fma/hsum and the weight-row loaders)
-// and then includes this file, so every instantiation lives in one translation unit compiled with that
-// ISA's target flags; everything here is a template on V, so nothing is shared across ISAs (no ODR clash).
+// Each ISA's .cpp defines its vector traits V (Reg, kLanes, zero/load/fma, the lane reductions hsum_acc and
+// hsum_mem, and the weight-row loaders) and then includes this file, so every instantiation lives in one
+// translation unit compiled with that ISA's target flags; everything here is a template on V, so nothing
+// is shared across ISAs (no ODR clash).
 //
 // Numerics, and why the determinism contract holds: y[m, n] is accumulated in one vector register whose
 // lane j sums x[m, k] * W[n, k] for k = j (mod kLanes), k ascending, fp32 FMA; the last partial vector is
-// read with zero-filled lanes; the lanes are then reduced in a fixed tree (V::hsum). Blocking over rows
+// read with zero-filled lanes; the lanes are then reduced in a fixed tree (V::hsum_acc; AVX-512 packs
+// several accumulators' partial sums into one register, each sum's bits unchanged). Blocking over rows
 // and tokens only changes how many such independent accumulators are live, never the sequence applied to
 // one of them, so the bits depend on (x row, W row, ISA) alone. fp8 weights become fp32 exactly as
 // weight_at() defines them (fp8 value * block scale, rounded once), element by element.
@@ -161,10 +163,7 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
       }
     }
   }
-#pragma GCC unroll 8
-  for (int t = 0; t < T; ++t)
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) y[t * ldy + r] = V::hsum(acc[r][t]);
+  V::template hsum_acc<R, T>(acc, y, ldy);
 }
 
 inline constexpr int64_t kMaxMacroTokens = 32;
@@ -276,8 +275,7 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
       default: break;
     }
   }
-  for (int64_t t = 0; t < M; ++t)
-    for (int r = 0; r < R; ++r) y[t * ldy + r] = V::hsum(V::load(acc_mem + (t * R + r) * L));
+  V::template hsum_mem<R>(acc_mem, M, y, ldy);
 }
 
 // R rows against 3 <= M <= 8 tokens: one register-blocked pass of up to 4 tokens, and for 5-8 a second
