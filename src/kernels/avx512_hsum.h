@@ -1,5 +1,6 @@
 // The fixed 16-lane reduction tree of the AVX-512 paths (internal to moe_kernels): halves, then quarters,
-// then pairs. Both AVX-512 paths end every dot product with it, so their reductions cannot drift apart.
+// then pairs. Both AVX-512 paths end every dot product with it, so their reductions cannot drift apart;
+// the avx512 path runs it on several accumulators at once (hsum16_acc, hsum16_mem), with the same bits.
 // Include only from files compiled with AVX-512 flags; `static` keeps one copy per such file, so copies
 // built with different target flags are never merged by the linker.
 #pragma once

@@ -188,11 +188,13 @@ void micro(const uint16_t* xb, int64_t ldxb, const S& w, int64_t K, const Prefet
     step(k, false);
   }
   if (k < K) step(k, true);
-  if (!acc_mem) return hsum16_acc<R, T>(acc, y, ldy);
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t)
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) _mm512_store_ps(acc_mem + (t * R + r) * 16, acc[r][t]);
+    for (int r = 0; r < R; ++r) {
+      if (acc_mem) _mm512_store_ps(acc_mem + (t * R + r) * 16, acc[r][t]);
+      else y[t * ldy + r] = hsum16(acc[r][t]);
+    }
 }
 
 // All mc tokens against R rows, in passes of up to kMaxT tokens (later passes re-read the rows from
@@ -242,7 +244,8 @@ void fp8_panels(const uint16_t* xb, int64_t ldxb, int64_t mc, const Fp8Rows& w, 
     passes<R, kMaxPassTokens, false>(xb + c0, ldxb, mc, Bf16Rows{panel, kPanelCols}, cols, Prefetch{}, acc_mem,
                                      nullptr, 0);
   }
-  hsum16_mem<R>(acc_mem, mc, y, ldy);
+  for (int64_t t = 0; t < mc; ++t)
+    for (int r = 0; r < R; ++r) y[t * ldy + r] = hsum16(_mm512_load_ps(acc_mem + (t * R + r) * 16));
 }
 
 // The stream for rows [n, n + R) of w: the row block at least `lead` bytes ahead.
