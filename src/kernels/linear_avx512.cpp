@@ -27,6 +27,7 @@ struct Avx512 {
   static void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
   static Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
   static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+  static void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
   // The fixed 16-lane tree (avx512_hsum.h) of acc[r][t] into y[t * ldy + r], and of M tokens'
   // accumulators parked as [t][r][lanes]: up to 16 reduced together, each sum bitwise hsum16's (one
   // thread, bf16 2048x512 at 8 tokens: 94 -> 86 us).

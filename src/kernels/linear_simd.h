@@ -111,6 +111,10 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) rows[r].block(kb / kScaleBlock);
     const int64_t kend = std::min(K, kb + kScaleBlock);
+    // The part of the row block lead_rows further on that matches this block's columns (streamed in below
+    // at the rate this one is consumed).
+    const char* next_from = next + kb * kBlockColBytes;
+    const char* next_to = std::min(next + kend * kBlockColBytes, end);
     if (lead_cols > 0) {
       // Column kb + lead_cols and on, one line at a time; past K, the columns of the next R rows.
       int64_t blk = (kb + lead_cols) / K, col = (kb + lead_cols) % K;
@@ -121,13 +125,17 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
           if (p + r * K * es < end) V::prefetch(p + r * K * es);
         for (col += 64 / es; col >= K; col -= K) ++blk;
       }
+      // With 3 tokens a step has fewer FMAs than with 4, so the column lead covers less time than a DRAM
+      // read takes: the next row block also goes to L2, and the lead's prefetches find it there (one thread,
+      // from DRAM, 3 tokens: bf16 512x2048 66.6 -> 59.4 us, 2048x512 61.8 -> 55.7, f32 512x2048 157 -> 144;
+      // 4 tokens measured no faster, 5-6 slower).
+      if constexpr (T == 3)
+        for (; next_from < next_to; next_from += 64) V::prefetch_l2(next_from);
     } else {
       // The hardware prefetchers lose the R short row streams at every row block (a bf16 row of 2048 is
       // one 4 KiB page), so stream the next row block in at the rate this one is consumed (T0 measured best,
       // with NTA; NTA would evict what prefill re-reads).
-      const char* from = next + kb * kBlockColBytes;
-      const char* to = std::min(next + kend * kBlockColBytes, end);
-      for (; from < to; from += 64) V::prefetch(from);
+      for (; next_from < next_to; next_from += 64) V::prefetch(next_from);
     }
     int64_t k = kb;
     // The slow decoding is chosen once per block, outside the loop: a per-load branch costs more than
@@ -287,7 +295,8 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
 // whole row block ahead: the block's prefetched 24 KiB (6 bf16 rows of 2048) pushed the tokens' 24-32 KiB
 // of x out of the 48 KiB L1 at every block (one thread, bf16 from DRAM, 4 tokens: 512x2048 71-75 ->
 // 58-62 us, 2048x512 58-61 -> 54-56 us; 3 tokens: 512x2048 unchanged, 2048x512 56-58 -> 55-56 us). With
-// two passes it measured 8-15% slower, so 7-8 tokens keep the next-block stream (5-6: long_rows).
+// two passes it measured 8-15% slower, so 7-8 tokens keep the next-block stream (5-6: long_rows). 3 tokens
+// also stream the next row block into L2 (see micro_kernel).
 template <class V, DType D, int R>
 void wide_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
   const int64_t lead_cols = M <= 4 ? kRowLeadBytes / static_cast<int64_t>(dtype_size(D)) : 0;
