@@ -175,7 +175,7 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
 }
 
 inline constexpr int64_t kMaxMacroTokens = 32;
-inline constexpr int64_t kDecodeLeadBytes = 8 << 10;  // per token; 4 and 16 KiB measured slower at 1 token
+inline constexpr int64_t kDecodeLeadBytes = 8 << 10;  // 1-2 tokens (see linear_rows)
 inline constexpr int64_t kRowLeadBytes = 1536;  // per row, 3-4 tokens (see wide_rows)
 inline constexpr int64_t kShortRowLeadBytes = 16 << 10;  // 5-8 tokens on short rows (see short_rows)
 inline constexpr int64_t kLongRowLeadBytes = 2048;  // per row, 5-6 tokens on long rows (see long_rows)
@@ -374,13 +374,15 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
     float* ym = y + m0 * ldy;
     int64_t n = n0;
     // 1-2 tokens on rows of 1 KiB or more (bf16 K >= 512): 2 rows at a time, streaming in the rows
-    // kDecodeLeadBytes per token ahead. Fewer, longer streams keep the hardware prefetchers locked on, and
-    // the software stream must run a fixed distance ahead whatever the row length (one thread, weights
-    // from DRAM: bf16 512x2048 0.86-0.89 of the read bandwidth against 0.76-0.77 with 8 or 4 rows;
-    // 2048x512 54-55 us against 61-62 us with 8 rows and an 8-row lead). fp8 keeps the wider blocks below.
+    // kDecodeLeadBytes ahead. Fewer, longer streams keep the hardware prefetchers locked on, and the
+    // software stream must run a fixed distance ahead whatever the row length (one thread, weights from
+    // DRAM: bf16 512x2048 0.86-0.89 of the read bandwidth against 0.76-0.77 with 8 or 4 rows; 2048x512
+    // 54-55 us against 61-62 us with 8 rows and an 8-row lead). 4 and 16 KiB measured slower at one token;
+    // at two, 8 KiB beat the 16 it had before (512x2048 59.3 -> 57.7 us, 2048x512 56.6 -> 53.8) and 4 and
+    // 12. fp8 keeps the wider blocks below.
     const int64_t row_bytes = w.cols * static_cast<int64_t>(dtype_size(D));
     if (mc <= 2 && D != DType::kF8E4M3 && row_bytes >= 1024) {
-      const int64_t lead = std::max<int64_t>(2, (kDecodeLeadBytes * mc / row_bytes + 1) & ~int64_t{1});
+      const int64_t lead = std::max<int64_t>(2, (kDecodeLeadBytes / row_bytes + 1) & ~int64_t{1});
       if (mc == 1)
         for (; n + 2 <= n1; n += 2) micro_kernel<V, D, 2, 1>(xm, ldx, w, n, ym + (n - n0), ldy, lead);
       else
