@@ -298,11 +298,14 @@ void linear_avx512bf16(const float* x, int64_t M, int64_t ldx, const WeightView&
       float* ym = y + m0 * ldy - n0;
       int64_t n = s0;
       // bf16 rows of 1 KiB or more, up to 8 tokens: memory-bound, since vdpbf16ps does the arithmetic in
-      // half the streaming time. 2 rows at a time, all tokens in one pass, the rows 8 KiB per token (16 KiB
-      // from 2 tokens on) ahead streamed in: fewer, longer row streams keep the hardware prefetchers locked
-      // on. One thread, from DRAM, us per matrix at 1 / 3 / 4 / 6 / 8 tokens, 512x2048 (2048x512), against
-      // 2 rows to 2 tokens and 4 rows x 6 tokens above that: 55 / 59 / 62 / 64 / 74-83 (54 / 56 / 56 / 59 /
-      // 60) against 61-62 / 76 / 76-78 / 81-88 / 94-103 (65 / 74 / 71 / 73 / 70).
+      // half the streaming time. 2 rows at a time, all tokens in one pass, the rows 8 KiB (16 KiB from 3
+      // tokens on) ahead streamed in: fewer, longer row streams keep the hardware prefetchers locked on (2
+      // tokens with 8 KiB instead of 16: 512x2048 57.9 -> 56.3 us, 2048x512 56.1 -> 53.6; 8 KiB from 3
+      // tokens on made 512x2048 10-20% slower at 5-6). One thread, from DRAM, us per matrix at 1 / 3 / 4 /
+      // 6 / 8 tokens, 512x2048 (2048x512), against 2 rows to 2 tokens and 4 rows x 6 tokens above that: 55 /
+      // 59 / 62 / 64 / 74-83 (54 / 56 / 56 / 59 / 60) against 61-62 / 76 / 76-78 / 81-88 / 94-103 (65 / 74
+      // / 71 / 73 / 70). The lead's factor is spelled as measured: simpler spellings of it changed which
+      // helpers GCC inlines in this file.
       // Otherwise 8 rows for 1-2 tokens, 4 rows x up to 6 tokens per pass, single rows at the end.
       if (fp8) {
         if (mc <= 2)
@@ -312,7 +315,7 @@ void linear_avx512bf16(const float* x, int64_t M, int64_t ldx, const WeightView&
       } else {
         if (mc <= kPairTokens && K * 2 >= 1024)
           for (; n + 2 <= s1; n += 2)
-            bf16_block<2, kPairTokens>(xb, ldxb, mc, w, n, ym + n, ldy, kPrefetchLead * std::min<int64_t>(mc, 2));
+            bf16_block<2, kPairTokens>(xb, ldxb, mc, w, n, ym + n, ldy, kPrefetchLead * (mc == 2 ? 1 : std::min<int64_t>(mc, 2)));
         if (mc <= 2)
           for (; n + 8 <= s1; n += 8) bf16_block<8, 2>(xb, ldxb, mc, w, n, ym + n, ldy);
         for (; n + 4 <= s1; n += 4) bf16_block<4, kMaxPassTokens>(xb, ldxb, mc, w, n, ym + n, ldy);
