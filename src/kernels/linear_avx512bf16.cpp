@@ -304,8 +304,7 @@ void linear_avx512bf16(const float* x, int64_t M, int64_t ldx, const WeightView&
       // tokens on made 512x2048 10-20% slower at 5-6). One thread, from DRAM, us per matrix at 1 / 3 / 4 /
       // 6 / 8 tokens, 512x2048 (2048x512), against 2 rows to 2 tokens and 4 rows x 6 tokens above that: 55 /
       // 59 / 62 / 64 / 74-83 (54 / 56 / 56 / 59 / 60) against 61-62 / 76 / 76-78 / 81-88 / 94-103 (65 / 74
-      // / 71 / 73 / 70). The lead's factor is spelled as measured: simpler spellings of it changed which
-      // helpers GCC inlines in this file.
+      // / 71 / 73 / 70).
       // Otherwise 8 rows for 1-2 tokens, 4 rows x up to 6 tokens per pass, single rows at the end.
       if (fp8) {
         if (mc <= 2)
@@ -315,7 +314,7 @@ void linear_avx512bf16(const float* x, int64_t M, int64_t ldx, const WeightView&
       } else {
         if (mc <= kPairTokens && K * 2 >= 1024)
           for (; n + 2 <= s1; n += 2)
-            bf16_block<2, kPairTokens>(xb, ldxb, mc, w, n, ym + n, ldy, kPrefetchLead * (mc == 2 ? 1 : std::min<int64_t>(mc, 2)));
+            bf16_block<2, kPairTokens>(xb, ldxb, mc, w, n, ym + n, ldy, (mc <= 2 ? 1 : 2) * kPrefetchLead);
         if (mc <= 2)
           for (; n + 8 <= s1; n += 8) bf16_block<8, 2>(xb, ldxb, mc, w, n, ym + n, ldy);
         for (; n + 4 <= s1; n += 4) bf16_block<4, kMaxPassTokens>(xb, ldxb, mc, w, n, ym + n, ldy);
