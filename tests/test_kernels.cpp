@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -415,6 +417,26 @@ TEST(Roofline, ProbesReturnPositiveFigures) {
   EXPECT_GT(measure_peak_gflops(1, PeakKind::kF32Fma), 0.0);
   if (__builtin_cpu_supports("avx512bf16")) {
     EXPECT_GT(measure_peak_gflops(1, PeakKind::kBf16Dot), 0.0);
+  }
+}
+
+// The bench times read_once over its cache-evicting sweep: every word must be read, whatever the ISA.
+TEST(Roofline, ReadOnceReadsEveryWord) {
+  constexpr size_t kBytes = 64 << 10, kWords = kBytes / 8;
+  std::unique_ptr<uint64_t, decltype(&std::free)> mem(static_cast<uint64_t*>(std::aligned_alloc(64, kBytes)), &std::free);
+  ASSERT_NE(mem, nullptr);
+  uint64_t* words = mem.get();
+  for (size_t i = 0; i < kWords; ++i) words[i] = (i + 1) * 0x9E3779B97F4A7C15ull;
+  auto expected = [&](size_t n) {
+    uint64_t x = 0;
+    for (size_t i = 0; i < n; ++i) x ^= words[i];
+    return x;
+  };
+  EXPECT_EQ(read_once(words, kBytes), expected(kWords));
+  EXPECT_EQ(read_once(words, 1024), expected(128));
+  for (size_t i : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{130}, kWords - 1}) {
+    words[i] ^= 1;  // any one word changes the result
+    EXPECT_EQ(read_once(words, kBytes), expected(kWords)) << i;
   }
 }
 

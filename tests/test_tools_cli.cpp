@@ -139,13 +139,37 @@ TEST_F(Cli, BenchWritesTableJsonAndPlot) {
   EXPECT_GT(j["machine"]["read_gbps"].get<double>(), 0.0);
   EXPECT_LE(j["huge_page_fraction"].get<double>(), 1.0);  // -1 where smaps is unavailable
   EXPECT_GT(j["results"][0]["bytes"].get<int64_t>(), 0);
-  // Each fraction is taken against the bandwidth measured around its own token count.
+  // Without a sweep to time (--evict-mib 0), every fraction is taken against the figure from the start.
+  EXPECT_FALSE(j["sweep_measures_bandwidth"].get<bool>());
+  EXPECT_NE(r.out.find("read_now: the read bandwidth measured at the start"), std::string::npos) << r.out;
   for (const auto& b : j["results"]) {
-    ASSERT_GT(b["read_gbps"].get<double>(), 0.0);
+    EXPECT_EQ(b["read_gbps"].get<double>(), j["machine"]["read_gbps"].get<double>());
+    EXPECT_EQ(b["read_calls"].get<int>(), 0);
     EXPECT_NEAR(b["bandwidth_fraction"].get<double>(), b["gbps"].get<double>() / b["read_gbps"].get<double>(), 1e-9);
   }
   EXPECT_TRUE(fs::exists(path("b.svg")));
   EXPECT_NE(r.out.find("host time per call"), std::string::npos) << r.out;
+}
+
+// A sweep of 128 MiB or more is timed before every call, and each call is compared with its own sweep's
+// bandwidth. With one worker every sweep counts (there is no second worker to wait for).
+TEST_F(Cli, BenchComparesEachCallWithItsSweep) {
+  const Result r = run("bench --model " + model() + " --threads 1 --tokens 1,4 --repeats 3 --warmup 1 --evict-mib 128 "
+                       "--schedules serial,dual --json " + path("s.json"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("read_now: the read bandwidth of the cache-evicting sweep"), std::string::npos) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(path("s.json")));
+  EXPECT_TRUE(j["sweep_measures_bandwidth"].get<bool>());
+  ASSERT_EQ(j["results"].size(), 4u);
+  for (const auto& b : j["results"]) {
+    EXPECT_EQ(b["read_calls"].get<int>(), 3 * 2) << b.dump();  // repeats x schedules
+    EXPECT_GT(b["read_gbps"].get<double>(), 0.0);
+    EXPECT_GE(b["read_spread"].get<double>(), 0.0);
+    // The median of per-call ratios and the ratio of medians describe the same calls.
+    const double ratio = b["gbps"].get<double>() / b["read_gbps"].get<double>();
+    EXPECT_GT(b["bandwidth_fraction"].get<double>(), ratio / 2) << b.dump();
+    EXPECT_LT(b["bandwidth_fraction"].get<double>(), ratio * 2) << b.dump();
+  }
 }
 
 // bench --tune writes the fastest schedule per token count; --schedule auto --tuning FILE runs it.

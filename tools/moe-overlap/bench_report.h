@@ -17,11 +17,15 @@ struct BenchResult {
   double median_us = 0, p10_us = 0, p90_us = 0;
   int64_t bytes = 0;          // weight bytes the forward read (median over repetitions)
   int64_t active_experts = 0;
-  double gbps = 0, bandwidth_fraction = 0;  // the fraction of read_gbps
-  // The machine's read bandwidth measured just before and just after this token count's repetitions
-  // (mean), and how far apart the two were (|after - before| / mean): this machine's bandwidth changes
-  // between modes within a run, so a fraction is taken against the bandwidth of the moment.
-  double read_gbps = 0, read_change = 0;
+  // GB/s: median bytes over median time. bandwidth_fraction: the median over the calls of each call's GB/s
+  // over the bandwidth its sweep measured (read_calls of them); without any, gbps / read_gbps.
+  double gbps = 0, bandwidth_fraction = 0;
+  // The read bandwidth of the moment: the median over this token count's timed calls of the cache-evicting
+  // sweep each call follows (read_calls of them measured it; without any, the figure from the start), and
+  // its spread, (p90 - p10) / median. This machine's bandwidth changes between modes within a run, so each
+  // call is compared with the bandwidth of its own moment.
+  double read_gbps = 0, read_spread = 0;
+  int read_calls = 0;
   double gflops = 0, peak_fraction = 0;
   double speedup_vs_serial = 0;
   double shared_alone_us = 0;  // the shared branch's own time (ops' union in a traced serial forward)
@@ -36,10 +40,14 @@ struct BenchReport {
   int64_t peak_rss_bytes = 0;
   int64_t layer_bytes = 0;
   double huge_page_fraction = -1;  // of the weights' resident pages, in 2 MiB pages (-1: unknown)
+  bool sweep_measures = false;     // the eviction sweep measured the read bandwidth (BenchResult::read_gbps)
   std::vector<BenchResult> results;
 };
 
-// A token count whose bandwidth probes before and after differ by more than this is marked in the table.
+// A sweep this large reads from DRAM (this machine keeps 64 MiB working sets in cache), so timing it measures
+// the read bandwidth.
+inline constexpr int64_t kMeasuringSweepMib = 128;
+// A token count whose sweeps' bandwidth spreads by more than this is marked in the table.
 inline constexpr double kReadDrift = 0.15;
 
 std::string bench_table(const BenchReport& r);

@@ -66,30 +66,49 @@ void store_max(std::atomic<int64_t>& a, int64_t v) {
   }
 }
 
+void store_min(std::atomic<int64_t>& a, int64_t v) {
+  int64_t cur = a.load();
+  while (cur > v && !a.compare_exchange_weak(cur, v)) {
+  }
+}
+
 // Device time of one call, as CUDA events around a kernel measure it: from the end of the operation ahead of
 // the call to the end of a stamp operation behind it, both timestamped by the workers. Ahead of the call runs
-// either a cache eviction (the workers read every line of a buffer far larger than the last-level cache, so
+// either a cache eviction (the workers read every byte of a buffer far larger than the last-level cache, so
 // the call finds no weights there, as after the previous layer) or a gate the host opens once the whole call
 // is enqueued. Either way the host enqueues while the device is busy, as a serving loop does, and neither
 // worker wake-up nor host enqueue time is counted; the host's enqueue cost is reported on its own.
+//
+// The eviction sweep is also the bandwidth probe of the moment: each worker reads one slice with the probe's
+// loop, and the sweep is timed. This machine's bandwidth changes between modes within a fraction of a second,
+// so a probe run before and after a token count can miss a change that a whole token count sees.
 class DeviceTimer {
  public:
   explicit DeviceTimer(int64_t evict_mib, int workers)
-      : evict_(static_cast<size_t>(evict_mib) << 20), num_tiles_(4 * workers) {}
+      : evict_(static_cast<size_t>(evict_mib) << 20),
+        num_tiles_(workers),
+        slice_(evict_.size() / static_cast<size_t>(workers) / 1024 * 1024),
+        measures_(evict_mib >= kMeasuringSweepMib && slice_ > 0) {}
   bool evicts() const { return evict_.size() > 0; }
+  // Whether sweep_gbps() can answer: the sweep is large enough to read from DRAM.
+  bool measures_bandwidth() const { return measures_; }
 
   void begin(rt::Stream& s) {
     start_ = 0;
     end_ = 0;
     open_ = false;
+    first_start_ = INT64_MAX;
+    last_start_ = 0;
+    first_end_ = INT64_MAX;
     if (evicts()) {
       s.launch({.name = "bench.evict", .num_tiles = num_tiles_, .tile = [this](int t) {
-                  const size_t words = evict_.size() / 8 / static_cast<size_t>(num_tiles_);
-                  const auto* p = evict_.as<const volatile uint64_t>() + static_cast<size_t>(t) * words;
-                  uint64_t acc = 0;
-                  for (size_t i = 0; i < words; i += 8) acc += p[i];
-                  sink_ += acc;
-                  store_max(start_, now_ns());
+                  const int64_t t0 = now_ns();
+                  store_min(first_start_, t0);
+                  store_max(last_start_, t0);
+                  sink_ += read_once(evict_.as<const char>() + static_cast<size_t>(t) * slice_, slice_);
+                  const int64_t t1 = now_ns();
+                  store_min(first_end_, t1);
+                  store_max(start_, t1);
                 }});
     } else {
       s.launch({.name = "bench.gate", .num_tiles = 0, .poll = [this] {
@@ -104,17 +123,21 @@ class DeviceTimer {
     open_ = true;
   }
   double us() const { return static_cast<double>(end_.load() - start_.load()) / 1e3; }
-  // The read bandwidth now, measured over the eviction buffer; `fallback` without one.
-  double read_gbps(int threads, double fallback) const {
-    // 0 when the buffer is under 2 MiB per thread (a tiny --evict-mib): the figure from the start stands.
-    const double now = evicts() ? measure_read_bandwidth_gbps(threads, evict_.data(), evict_.size()) : 0.0;
-    return now > 0 ? now : fallback;
+  // GB/s of the last call's sweep, from its first slice's start to its last slice's end; 0 when the sweep does
+  // not measure, or when the slices were not all read at once (a worker woke late and another read two).
+  double sweep_gbps() const {
+    if (!measures_ || last_start_.load() >= first_end_.load()) return 0;
+    return static_cast<double>(slice_ * static_cast<size_t>(num_tiles_)) /
+           static_cast<double>(start_.load() - first_start_.load());
   }
 
  private:
   HostBuffer evict_;
   const int num_tiles_;
+  const size_t slice_;
+  const bool measures_;
   std::atomic<int64_t> start_{0}, end_{0};
+  std::atomic<int64_t> first_start_{0}, last_start_{0}, first_end_{0};  // of the sweep's slices
   std::atomic<bool> open_{false};
   std::atomic<uint64_t> sink_{0};
 };
@@ -143,6 +166,7 @@ double huge_page_fraction(const LayerWeights& w) {
 
 struct Samples {
   std::vector<double> us, host_us;
+  std::vector<double> of_bw;  // per call whose sweep measured: its GB/s over the sweep's
 };
 
 // The shared branch's own time: the union of its operations in traced serial forwards, median.
@@ -191,7 +215,7 @@ void run_bench(const BenchOptions& o) {
                   std::to_string(o.repeats) + " repetitions after " + std::to_string(o.warmup) +
                   " warm-up, a new input each repetition, schedules interleaved, " +
                   (o.evict_mib > 0 ? "caches evicted by the workers before every call (" + std::to_string(o.evict_mib) +
-                                         " MiB sweep)"
+                                         " MiB sweep" + (o.evict_mib >= kMeasuringSweepMib ? ", timed: the read bandwidth of the moment)" : ")")
                                    : "caches NOT evicted (--evict-mib 0): weights may be read from cache") +
                   (mapped ? ", checkpoint pages mapped once before timing (a serving process's steady state)" : "") +
                   (report.huge_page_fraction >= 0
@@ -206,16 +230,13 @@ void run_bench(const BenchOptions& o) {
   if (o.no_policy) lo.policy = OverlapPolicy::always();
   MoeLayer layer(m.config, m.weights, *dev, lo);
   DeviceTimer timer(o.evict_mib, dev->num_workers());
+  report.sweep_measures = timer.measures_bandwidth();
   rt::Stream main = rt::current_stream(*dev);
   std::vector<float> y(static_cast<size_t>(max_tokens * m.config.hidden));
   std::vector<float> xbuf(y.size());  // graph mode replays read the captured input buffer
-  // The bandwidth of the moment, around each token count: the probe reads the eviction buffer (no new
-  // memory in the peak RSS; about 50 ms). Without eviction the weights may come from cache anyway, and the
-  // figure from the start stands.
-  const auto read_now = [&] { return timer.read_gbps(dev->num_workers(), report.machine.read_gbps); };
   for (int64_t t : token_counts) {
-    const double read_before = read_now();
     std::vector<Samples> samples(variants.size());
+    std::vector<double> sweep_gbps;  // the bandwidth of the moment, before each timed call
     std::vector<LayerGraph> graphs(variants.size());
     for (size_t vi = 0; vi < variants.size(); ++vi)
       if (variants[vi].graph) graphs[vi] = layer.capture(xbuf.data(), t, y.data(), {.schedule = variants[vi].schedule});
@@ -239,13 +260,19 @@ void run_bench(const BenchOptions& o) {
         timer.end(main);
         main.synchronize();
         if (r >= o.warmup) {
+          if (const double g = timer.sweep_gbps(); g > 0 && timer.us() > 0) {
+            sweep_gbps.push_back(g);
+            samples[si].of_bw.push_back(bytes.back() / (timer.us() * 1e3) / g);
+          }
           samples[si].us.push_back(timer.us());
           samples[si].host_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
         }
       }
     }
-    const double read_after = read_now();
-    const double read_gbps = (read_before + read_after) / 2;
+    // Without a measuring sweep (or when no sweep had every worker at once) the figure from the start stands.
+    const double read_gbps = sweep_gbps.empty() ? report.machine.read_gbps : quantile(sweep_gbps, 0.5);
+    const double read_spread =
+        sweep_gbps.size() < 2 ? 0 : (quantile(sweep_gbps, 0.9) - quantile(sweep_gbps, 0.1)) / read_gbps;
     const std::vector<float> x = random_activations(t, m.config.hidden, o.model.seed + 99);
     const double shared_us = shared_alone_us(layer, *dev, x, t, y.data(), timer);
     const double med_bytes = quantile(bytes, 0.5), med_flops = quantile(flops, 0.5);
@@ -266,8 +293,12 @@ void run_bench(const BenchOptions& o) {
       b.active_experts = static_cast<int64_t>(quantile(experts, 0.5));
       b.gbps = b.median_us > 0 ? med_bytes / (b.median_us * 1e3) : 0;
       b.read_gbps = read_gbps;
-      b.read_change = read_gbps > 0 ? std::abs(read_after - read_before) / read_gbps : 0;
-      b.bandwidth_fraction = read_gbps > 0 ? b.gbps / read_gbps : 0;
+      b.read_spread = read_spread;
+      b.read_calls = static_cast<int>(sweep_gbps.size());
+      // Each call against the bandwidth of its own moment (the mode can change within a token count).
+      b.bandwidth_fraction = !samples[si].of_bw.empty() ? quantile(samples[si].of_bw, 0.5)
+                             : read_gbps > 0           ? b.gbps / read_gbps
+                                                       : 0;
       b.gflops = b.median_us > 0 ? med_flops / (b.median_us * 1e3) : 0;
       const double peak = report.machine.kernel_peak_gflops(m.dtype);
       b.peak_fraction = peak > 0 ? b.gflops / peak : 0;
