@@ -128,7 +128,7 @@ TEST_F(Cli, CheckPassesOnTheCheckpointAndTinyFamilies) {
 
 TEST_F(Cli, BenchWritesTableJsonAndPlot) {
   // --reread: the shards' cached pages are dropped first and read anew.
-  const Result r = run("bench --model " + model() + " --reread --tokens 1,4 --repeats 2 --warmup 1 --evict-mib 0 --graph --json " +
+  const Result r = run("bench --model " + model() + " --reread --tokens 1,4 --repeats 2 --warmup 1 --settle-ms 0 --evict-mib 0 --graph --json " +
                        path("b.json") + " --svg " + path("b.svg"));
   ASSERT_EQ(r.status, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(path("b.json")));
@@ -155,8 +155,10 @@ TEST_F(Cli, BenchWritesTableJsonAndPlot) {
 // bandwidth. With one worker every sweep counts (there is no second worker to wait for).
 TEST_F(Cli, BenchComparesEachCallWithItsSweep) {
   const Result r = run("bench --model " + model() + " --threads 1 --tokens 1,4 --repeats 3 --warmup 1 --evict-mib 128 "
-                       "--schedules serial,dual --json " + path("s.json"));
+                       "--settle-ms 300 --schedules serial,dual --json " + path("s.json"));
   ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("300 ms of untimed calls first"), std::string::npos) << r.out;
+  expect_error("bench --model " + model() + " --settle-ms -5", "--settle-ms");
   EXPECT_NE(r.out.find("read_now: the read bandwidth of the cache-evicting sweep"), std::string::npos) << r.out;
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(path("s.json")));
   EXPECT_TRUE(j["sweep_measures_bandwidth"].get<bool>());
@@ -174,7 +176,7 @@ TEST_F(Cli, BenchComparesEachCallWithItsSweep) {
 
 // bench --tune writes the fastest schedule per token count; --schedule auto --tuning FILE runs it.
 TEST_F(Cli, BenchTunesAndAutoFollows) {
-  Result r = run("bench --model " + model() + " --tokens 1,4 --repeats 2 --warmup 1 --evict-mib 0 --tune " +
+  Result r = run("bench --model " + model() + " --tokens 1,4 --repeats 2 --warmup 1 --settle-ms 0 --evict-mib 0 --tune " +
                  path("tune.json"));
   ASSERT_EQ(r.status, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(path("tune.json")));

@@ -100,11 +100,7 @@ uint64_t read_once(const void* p, size_t n) {
   return has_avx512() ? read_avx512(q, n) : read_generic(q, n);
 }
 
-namespace {
-
-// The median of kPasses timed reads of an existing buffer (64-byte aligned, resident, not the shared zero
-// page), each thread its own 2 MiB-aligned slice; 0 if it is smaller than 2 MiB per thread.
-double read_bandwidth_gbps(int threads, const void* buffer, size_t bytes) {
+double measure_read_bandwidth_gbps(int threads, const void* buffer, size_t bytes) {
   threads = std::max(threads, 1);
   const size_t slice = bytes / kHugePage / static_cast<size_t>(threads) * kHugePage;
   if (slice == 0) return 0.0;
@@ -116,8 +112,6 @@ double read_bandwidth_gbps(int threads, const void* buffer, size_t bytes) {
     }));
   return static_cast<double>(slice) * threads / median(seconds) / 1e9;
 }
-
-}  // namespace
 
 double measure_read_bandwidth_gbps(int threads, size_t bytes) {
   threads = std::max(threads, 1);
@@ -132,7 +126,7 @@ double measure_read_bandwidth_gbps(int threads, size_t bytes) {
     char* p = buf + static_cast<size_t>(t) * slice;
     for (size_t i = 0; i < slice; i += 4096) p[i] = static_cast<char>(i >> 12);
   });
-  const double gbps = read_bandwidth_gbps(threads, buf, bytes);
+  const double gbps = measure_read_bandwidth_gbps(threads, buf, bytes);
   munmap(mem, bytes);
   return gbps;
 }

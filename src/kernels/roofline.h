@@ -15,6 +15,10 @@ namespace moe {
 // region where repeated reads still run from cache) from an anonymous mapping advised for transparent
 // huge pages and pre-faulted outside the timed region. Returns 0 if the buffer cannot be mapped.
 double measure_read_bandwidth_gbps(int threads, size_t bytes = size_t{1} << 30);
+// The same over an existing buffer (64-byte aligned, resident, not the shared zero page; each thread reads
+// its own 2 MiB-aligned slice); 0 if it is smaller than 2 MiB per thread. Nothing is mapped or unmapped:
+// on a VM that hands freed memory back to the host, a large unmap just before timing slows what follows.
+double measure_read_bandwidth_gbps(int threads, const void* buffer, size_t bytes);
 
 // The probe's read loop over [p, p + n), p 64-byte aligned and n a multiple of 1 KiB: every byte is loaded
 // once, and the result is the XOR of all the 64-bit words, so no read can be dropped. Timed over a buffer far

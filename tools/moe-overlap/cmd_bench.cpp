@@ -33,7 +33,7 @@ struct BenchOptions {
   ModelOptions model;
   std::string tokens = "1,2,4,8,16,32,64,128,256,512";
   std::string schedules = "serial,dual,phased,fused";
-  int threads = 0, repeats = 10, warmup = 2;
+  int threads = 0, repeats = 10, warmup = 2, settle_ms = 3000;
   int64_t evict_mib = 256;
   bool no_policy = false, graph = false;
   std::string json, svg, tune;
@@ -90,6 +90,8 @@ class DeviceTimer {
         slice_(evict_.size() / static_cast<size_t>(workers) / 1024 * 1024),
         measures_(evict_mib >= kMeasuringSweepMib && slice_ > 0) {}
   bool evicts() const { return evict_.size() > 0; }
+  const void* sweep_data() const { return evict_.data(); }
+  size_t sweep_bytes() const { return evict_.size(); }
   // Whether sweep_gbps() can answer: the sweep is large enough to read from DRAM.
   bool measures_bandwidth() const { return measures_; }
 
@@ -187,6 +189,25 @@ double shared_alone_us(MoeLayer& layer, rt::Device& dev, const std::vector<float
   return quantile(v, 0.5);
 }
 
+// Untimed calls of the first token count, every schedule in turn, for o.settle_ms. This VM hands freed
+// memory back to the host (virtio-balloon free page reporting, in 2 MiB blocks, about 2 s after the free);
+// while it does, the layer ran up to 2x slower for a second or two while the sweep and the FMA rate stayed
+// normal. Freeing 2 GiB in another process just before `bench` slowed its first token counts in 4 runs of 6,
+// and in none of 6 with 8 s between. Whatever was freed before this process started (a previous run,
+// make-checkpoint, --reread's dropped pages) is handed back during these calls instead of the timed ones.
+void settle(MoeLayer& layer, rt::Stream& main, DeviceTimer& timer, const std::vector<Variant>& variants,
+            int64_t tokens, int64_t hidden, const BenchOptions& o) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(o.settle_ms);
+  std::vector<float> y(static_cast<size_t>(tokens * hidden));
+  for (int i = 0; std::chrono::steady_clock::now() < deadline; ++i) {
+    const std::vector<float> x = random_activations(tokens, hidden, o.model.seed * 7919 + 500 + i);
+    timer.begin(main);
+    layer.forward(x.data(), tokens, y.data(), {.schedule = variants[static_cast<size_t>(i) % variants.size()].schedule});
+    timer.end(main);
+    main.synchronize();
+  }
+}
+
 void run_bench(const BenchOptions& o) {
   std::vector<Variant> variants;
   for (const std::string& name : split_list(o.schedules)) {
@@ -199,9 +220,14 @@ void run_bench(const BenchOptions& o) {
   auto dev = rt::make_cpu_device({.num_workers = o.threads});
   BenchReport report;
   apply_kernel_isa(o.model.isa);  // the report names the kernels' ISA
-  // Before the weights exist; then the peak RSS starts again, so the one reported below is the layer's own
-  // (weights, workspaces, the eviction buffer), without the probe's unmapped 1 GiB.
-  report.machine = measure_machine(dev->num_workers());
+  // The eviction buffer first: the probe at the start reads it rather than mapping and unmapping 1 GiB of its
+  // own, since memory freed just before the timed calls slows them on this VM (see settle()). Before the
+  // weights exist; then the peak RSS starts again, so the one reported below is the layer's own (weights,
+  // workspaces, the eviction buffer), without a probe's unmapped 1 GiB.
+  DeviceTimer timer(o.evict_mib, dev->num_workers());
+  report.machine = timer.measures_bandwidth()
+                       ? measure_machine(dev->num_workers(), timer.sweep_data(), timer.sweep_bytes())
+                       : measure_machine(dev->num_workers());
   reset_peak_rss();
   LoadedModel m = load_model(o.model);
   const bool mapped = std::filesystem::is_directory(o.model.model);
@@ -213,7 +239,8 @@ void run_bench(const BenchOptions& o) {
                                                    static_cast<int64_t>(dtype_size(m.dtype)));
   report.method = "device time (workers' timestamps around the call, host enqueue not counted), median of " +
                   std::to_string(o.repeats) + " repetitions after " + std::to_string(o.warmup) +
-                  " warm-up, a new input each repetition, schedules interleaved, " +
+                  " warm-up (and " + std::to_string(o.settle_ms) + " ms of untimed calls first), a new input each "
+                  "repetition, schedules interleaved, " +
                   (o.evict_mib > 0 ? "caches evicted by the workers before every call (" + std::to_string(o.evict_mib) +
                                          " MiB sweep" + (o.evict_mib >= kMeasuringSweepMib ? ", timed: the read bandwidth of the moment)" : ")")
                                    : "caches NOT evicted (--evict-mib 0): weights may be read from cache") +
@@ -229,11 +256,11 @@ void run_bench(const BenchOptions& o) {
   LayerOptions lo{.max_tokens = max_tokens, .tuning = read_tuning_file(o.model.tuning)};
   if (o.no_policy) lo.policy = OverlapPolicy::always();
   MoeLayer layer(m.config, m.weights, *dev, lo);
-  DeviceTimer timer(o.evict_mib, dev->num_workers());
   report.sweep_measures = timer.measures_bandwidth();
   rt::Stream main = rt::current_stream(*dev);
   std::vector<float> y(static_cast<size_t>(max_tokens * m.config.hidden));
   std::vector<float> xbuf(y.size());  // graph mode replays read the captured input buffer
+  settle(layer, main, timer, variants, token_counts.front(), m.config.hidden, o);
   for (int64_t t : token_counts) {
     std::vector<Samples> samples(variants.size());
     std::vector<double> sweep_gbps;  // the bandwidth of the moment, before each timed call
@@ -328,7 +355,12 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--schedules", o->schedules, "schedules to compare (serial first is clearest)")->capture_default_str();
   cmd->add_option("--threads", o->threads, "worker threads (default: one per core)");
   cmd->add_option("--repeats", o->repeats, "timed repetitions per token count")->capture_default_str();
-  cmd->add_option("--warmup", o->warmup, "untimed repetitions first")->capture_default_str();
+  cmd->add_option("--warmup", o->warmup, "untimed repetitions per token count")->capture_default_str();
+  cmd->add_option("--settle-ms", o->settle_ms,
+                  "untimed calls before the first token count, ms: a VM that hands freed memory back to the host "
+                  "slows the calls of the next few seconds")
+      ->check(CLI::Range(0, 600000))
+      ->capture_default_str();
   cmd->add_option("--evict-mib", o->evict_mib, "cache-evicting sweep before every call, MiB (0: off)")
       ->capture_default_str();
   cmd->add_flag("--graph", o->graph, "also time each schedule as a captured graph, replayed (host overhead saved)");

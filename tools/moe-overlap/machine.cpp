@@ -48,11 +48,12 @@ nlohmann::json MachineFigures::to_json() const {
           {"cached", cached}};
 }
 
-MachineFigures measure_machine(int threads) {
+MachineFigures measure_machine(int threads, const void* probe_buffer, size_t probe_bytes) {
   MachineFigures m;
   m.cpu = cpu_model();
   m.threads = threads;
-  m.read_gbps = measure_read_bandwidth_gbps(threads);
+  m.read_gbps = probe_buffer != nullptr ? measure_read_bandwidth_gbps(threads, probe_buffer, probe_bytes)
+                                        : measure_read_bandwidth_gbps(threads);
   m.fp32_gflops = measure_peak_gflops(threads, PeakKind::kF32Fma);
   m.bf16_gflops = measure_peak_gflops(threads, PeakKind::kBf16Dot);
   m.isa = std::string(isa_name(active_isa()));

@@ -15,7 +15,7 @@ namespace moe::tools {
 struct MachineFigures {
   std::string cpu;          // model name from /proc/cpuinfo
   int threads = 0;
-  double read_gbps = 0;     // sustained read bandwidth over 1 GiB, `threads` readers
+  double read_gbps = 0;     // sustained read bandwidth over 1 GiB (or a given buffer), `threads` readers
   double fp32_gflops = 0;   // fp32 FMA peak
   double bf16_gflops = 0;   // bf16 dot-product peak (0 without avx512_bf16)
   std::string isa;          // the kernels' active instruction set
@@ -30,8 +30,10 @@ struct MachineFigures {
   nlohmann::json to_json() const;
 };
 
-// Measures now (takes about a second) and updates the cache.
-MachineFigures measure_machine(int threads);
+// Measures now (takes about a second) and updates the cache. The read bandwidth is measured over a fresh
+// 1 GiB mapping, or over `probe_buffer` (resident, far larger than the caches) when one is given, so that
+// nothing is unmapped just before a benchmark times its calls.
+MachineFigures measure_machine(int threads, const void* probe_buffer = nullptr, size_t probe_bytes = 0);
 // The cached figures for this CPU and thread count, or measure_machine().
 MachineFigures cached_machine(int threads);
 
