@@ -131,7 +131,6 @@ double measure_read_bandwidth_gbps(int threads, size_t bytes) {
   return gbps;
 }
 
-
 namespace {
 
 constexpr int64_t kPeakIters = 20'000'000;

@@ -19,6 +19,9 @@ double measure_read_bandwidth_gbps(int threads, size_t bytes = size_t{1} << 30);
 // its own 2 MiB-aligned slice); 0 if it is smaller than 2 MiB per thread. Nothing is mapped or unmapped:
 // on a VM that hands freed memory back to the host, a large unmap just before timing slows what follows.
 double measure_read_bandwidth_gbps(int threads, const void* buffer, size_t bytes);
+// A buffer at least this large is read from DRAM (this machine keeps 64 MiB working sets in cache), so a
+// read of it measures the read bandwidth; under it, the fresh 1 GiB probe is the one that measures.
+inline constexpr size_t kDramReadBytes = size_t{128} << 20;
 
 // The probe's read loop over [p, p + n), p 64-byte aligned and n a multiple of 1 KiB: every byte is loaded
 // once, and the result is the XOR of all the 64-bit words, so no read can be dropped. Timed over a buffer far

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/roofline.h"
 #include "machine.h"
 
 namespace moe::tools {
@@ -44,9 +45,8 @@ struct BenchReport {
   std::vector<BenchResult> results;
 };
 
-// A sweep this large reads from DRAM (this machine keeps 64 MiB working sets in cache), so timing it measures
-// the read bandwidth.
-inline constexpr int64_t kMeasuringSweepMib = 128;
+// A sweep this large reads from DRAM, so timing it measures the read bandwidth (kernels/roofline.h).
+inline constexpr int64_t kMeasuringSweepMib = static_cast<int64_t>(kDramReadBytes >> 20);
 // A token count whose sweeps' bandwidth spreads by more than this is marked in the table.
 inline constexpr double kReadDrift = 0.15;
 

@@ -196,13 +196,12 @@ double shared_alone_us(MoeLayer& layer, rt::Device& dev, const std::vector<float
 // and in none of 6 with 8 s between. Whatever was freed before this process started (a previous run,
 // make-checkpoint, --reread's dropped pages) is handed back during these calls instead of the timed ones.
 void settle(MoeLayer& layer, rt::Stream& main, DeviceTimer& timer, const std::vector<Variant>& variants,
-            int64_t tokens, int64_t hidden, const BenchOptions& o) {
+            int64_t tokens, int64_t hidden, float* y, const BenchOptions& o) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(o.settle_ms);
-  std::vector<float> y(static_cast<size_t>(tokens * hidden));
   for (int i = 0; std::chrono::steady_clock::now() < deadline; ++i) {
     const std::vector<float> x = random_activations(tokens, hidden, o.model.seed * 7919 + 500 + i);
     timer.begin(main);
-    layer.forward(x.data(), tokens, y.data(), {.schedule = variants[static_cast<size_t>(i) % variants.size()].schedule});
+    layer.forward(x.data(), tokens, y, {.schedule = variants[static_cast<size_t>(i) % variants.size()].schedule});
     timer.end(main);
     main.synchronize();
   }
@@ -225,9 +224,9 @@ void run_bench(const BenchOptions& o) {
   // weights exist; then the peak RSS starts again, so the one reported below is the layer's own (weights,
   // workspaces, the eviction buffer), without a probe's unmapped 1 GiB.
   DeviceTimer timer(o.evict_mib, dev->num_workers());
-  report.machine = timer.measures_bandwidth()
-                       ? measure_machine(dev->num_workers(), timer.sweep_data(), timer.sweep_bytes())
-                       : measure_machine(dev->num_workers());
+  report.sweep_measures = timer.measures_bandwidth();
+  report.machine = measure_machine(dev->num_workers(), report.sweep_measures ? timer.sweep_data() : nullptr,
+                                   timer.sweep_bytes());
   reset_peak_rss();
   LoadedModel m = load_model(o.model);
   const bool mapped = std::filesystem::is_directory(o.model.model);
@@ -242,7 +241,7 @@ void run_bench(const BenchOptions& o) {
                   " warm-up (and " + std::to_string(o.settle_ms) + " ms of untimed calls first), a new input each "
                   "repetition, schedules interleaved, " +
                   (o.evict_mib > 0 ? "caches evicted by the workers before every call (" + std::to_string(o.evict_mib) +
-                                         " MiB sweep" + (o.evict_mib >= kMeasuringSweepMib ? ", timed: the read bandwidth of the moment)" : ")")
+                                         " MiB sweep" + (report.sweep_measures ? ", timed: the read bandwidth of the moment)" : ")")
                                    : "caches NOT evicted (--evict-mib 0): weights may be read from cache") +
                   (mapped ? ", checkpoint pages mapped once before timing (a serving process's steady state)" : "") +
                   (report.huge_page_fraction >= 0
@@ -256,11 +255,10 @@ void run_bench(const BenchOptions& o) {
   LayerOptions lo{.max_tokens = max_tokens, .tuning = read_tuning_file(o.model.tuning)};
   if (o.no_policy) lo.policy = OverlapPolicy::always();
   MoeLayer layer(m.config, m.weights, *dev, lo);
-  report.sweep_measures = timer.measures_bandwidth();
   rt::Stream main = rt::current_stream(*dev);
   std::vector<float> y(static_cast<size_t>(max_tokens * m.config.hidden));
   std::vector<float> xbuf(y.size());  // graph mode replays read the captured input buffer
-  settle(layer, main, timer, variants, token_counts.front(), m.config.hidden, o);
+  settle(layer, main, timer, variants, token_counts.front(), m.config.hidden, y.data(), o);
   for (int64_t t : token_counts) {
     std::vector<Samples> samples(variants.size());
     std::vector<double> sweep_gbps;  // the bandwidth of the moment, before each timed call
