@@ -67,7 +67,9 @@ std::string bench_table(const BenchReport& r) {
 
 nlohmann::json bench_json(const BenchReport& r) {
   nlohmann::json results = nlohmann::json::array();
-  for (const BenchResult& b : r.results)
+  for (const BenchResult& b : r.results) {
+    nlohmann::json calls = nlohmann::json::array();
+    for (const BenchCall& c : b.calls) calls.push_back({{"us", c.us}, {"bytes", c.bytes}, {"sweep_gbps", c.sweep_gbps}});
     results.push_back({{"schedule", b.schedule},
                        {"effective_schedule", b.effective},
                        {"tokens", b.tokens},
@@ -86,7 +88,9 @@ nlohmann::json bench_json(const BenchReport& r) {
                        {"speedup_vs_serial", b.speedup_vs_serial},
                        {"shared_alone_us", b.shared_alone_us},
                        {"hidden_fraction", b.hidden_fraction},
-                       {"host_enqueue_us", b.host_us}});
+                       {"host_enqueue_us", b.host_us},
+                       {"calls", calls}});
+  }
   nlohmann::json machine = r.machine.to_json();
   machine["peak_rss_bytes"] = r.peak_rss_bytes;
   return {{"model", r.model},

@@ -11,6 +11,14 @@
 
 namespace moe::tools {
 
+// One timed call: its time, the weight bytes its routing read, and the bandwidth of the sweep just before it
+// (0 where that sweep did not measure: too small to leave the caches, or its slices were not read at once).
+struct BenchCall {
+  double us = 0;
+  int64_t bytes = 0;
+  double sweep_gbps = 0;
+};
+
 struct BenchResult {
   std::string schedule;  // as requested; `effective` says what ran when a policy changed it
   std::string effective;
@@ -32,6 +40,7 @@ struct BenchResult {
   double shared_alone_us = 0;  // the shared branch's own time (ops' union in a traced serial forward)
   double hidden_fraction = 0;  // (T_serial - T_schedule) / T_shared_alone
   double host_us = 0;          // host time to enqueue the forward (eager), median
+  std::vector<BenchCall> calls;  // every timed call, in the order run: the figures above are their medians
 };
 
 struct BenchReport {

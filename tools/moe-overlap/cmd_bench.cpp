@@ -169,6 +169,7 @@ double huge_page_fraction(const LayerWeights& w) {
 struct Samples {
   std::vector<double> us, host_us;
   std::vector<double> of_bw;  // per call whose sweep measured: its GB/s over the sweep's
+  std::vector<BenchCall> calls;
 };
 
 // The shared branch's own time: the union of its operations in traced serial forwards, median.
@@ -285,10 +286,12 @@ void run_bench(const BenchOptions& o) {
         timer.end(main);
         main.synchronize();
         if (r >= o.warmup) {
-          if (const double g = timer.sweep_gbps(); g > 0 && timer.us() > 0) {
+          const double g = timer.us() > 0 ? timer.sweep_gbps() : 0;
+          if (g > 0) {
             sweep_gbps.push_back(g);
             samples[si].of_bw.push_back(bytes.back() / (timer.us() * 1e3) / g);
           }
+          samples[si].calls.push_back({.us = timer.us(), .bytes = static_cast<int64_t>(bytes.back()), .sweep_gbps = g});
           samples[si].us.push_back(timer.us());
           samples[si].host_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
         }
@@ -330,7 +333,8 @@ void run_bench(const BenchOptions& o) {
       b.speedup_vs_serial = serial_us > 0 && b.median_us > 0 ? serial_us / b.median_us : 0;
       b.shared_alone_us = shared_us;
       b.hidden_fraction = shared_us > 0 && serial_us > 0 ? (serial_us - b.median_us) / shared_us : 0;
-      report.results.push_back(b);
+      b.calls = std::move(samples[si].calls);
+      report.results.push_back(std::move(b));
     }
     if (isatty(STDERR_FILENO)) std::fprintf(stderr, "  %lld tokens done\n", static_cast<long long>(t));
   }
