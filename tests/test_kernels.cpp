@@ -3,6 +3,7 @@
 // linear + linear + silu_mul bitwise, special values, and the dtype conversions.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -43,12 +44,17 @@ TestWeight make_weight(DType dt, int64_t rows, int64_t cols, uint32_t seed) {
     for (size_t i = 0; i < n; ++i) t.bf16.push_back(f32_to_bf16(nd(rng)));
     t.view.data = t.bf16.data();
   } else {
+    // Any code but NaN (see the special-value test). Zero and subnormal codes only in about a fifth of the
+    // 128-column blocks of each row, as in a quantised checkpoint, where they are rare: the AVX-512 path
+    // decodes those blocks another way than the rest, and a block of rows mixes both.
     std::uniform_int_distribution<int> code(0, 255);
-    for (size_t i = 0; i < n; ++i) {
-      int c = code(rng);
-      if ((c & 0x7f) == 0x7f) c &= 0xfe;  // no NaN codes here; see the special-value test
-      t.fp8.push_back(static_cast<uint8_t>(c));
-    }
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols; ++k) {
+        int c = code(rng);
+        if ((c & 0x7f) == 0x7f) c &= 0xfe;
+        if ((c & 0x78) == 0 && (r * 7 + k / 128 * 3) % 5 != 0) c |= 0x08;
+        t.fp8.push_back(static_cast<uint8_t>(c));
+      }
     const int64_t nb = ((rows + 127) / 128) * ((cols + 127) / 128);
     std::uniform_real_distribution<float> us(1e-3f, 1e-1f);
     for (int64_t b = 0; b < nb; ++b) t.scales.push_back(us(rng));
@@ -133,25 +139,36 @@ TEST_P(KernelIsa, Fp8BlockScalesAcrossBlocks) {
   check_against_reference(DType::kF8E4M3, 7, 20, 1100, 0, 20);  // several 512-column panels and a tail
 }
 
-// Every fp8 code through the kernel: token m is the one-hot x selecting column m of a single row that holds
-// code m, with a power-of-two scale, so y[m] is fp8(m) * scale exactly on every path. (The two NaN codes
-// would make every token NaN, 0 * NaN; they are zero here and have their own test below.)
+// Every fp8 code through the kernel: token m is the one-hot x selecting column m of a single row, so y[m] is
+// the weight, fp8(code) * scale rounded once, on every path. The row holds the 256 codes in two 128-column
+// blocks (with zero and subnormal codes: the AVX-512 path's fp16 decoding), then the normal codes again in
+// two blocks of their own (its fast decoding), under scales that take the slower decodings (2^7 and more,
+// 2^100 and more) and, where x is not rounded to bf16 with the scale in it, scales that need rounding. (The
+// two NaN codes would make every token NaN, 0 * NaN; they are zero here and have their own test below.)
 TEST_P(KernelIsa, Fp8DecodesEveryCodeExactly) {
-  constexpr int64_t K = 256;
-  std::vector<uint8_t> codes(K);
-  for (int64_t c = 0; c < K; ++c) codes[c] = (c & 0x7f) == 0x7f ? 0 : static_cast<uint8_t>(c);
-  const float scale = 0.25f, scales[2] = {scale, scale};  // two 128-column blocks
+  constexpr int64_t K = 512;
+  std::vector<uint8_t> codes;
+  for (int c = 0; c < 256; ++c) codes.push_back(static_cast<uint8_t>((c & 0x7f) == 0x7f ? 0 : c));
+  for (int sign : {0, 0x80})
+    for (int c = 0; c < 128; ++c) codes.push_back(static_cast<uint8_t>(sign | std::clamp(c, 8, 0x7e)));
   WeightView w;
   w.dtype = DType::kF8E4M3;
   w.rows = 1;
   w.cols = K;
   w.data = codes.data();
-  w.scale_inv = scales;
-  std::vector<float> x(K * K, 0.0f), y(K, -1.0f);
+  std::vector<float> x(K * K, 0.0f), y(K);
   for (int64_t m = 0; m < K; ++m) x[m * K + m] = 1.0f;
-  for (int64_t M : {int64_t{1}, K}) {  // one token (decoded as read) and all (decoded into panels)
-    for (int64_t m = 0; m < K; m += M) linear(x.data() + m * K, M, K, w, 0, 1, y.data() + m, 1);
-    for (int64_t c = 0; c < K; ++c) EXPECT_EQ(y[c], fp8e4m3_to_f32(codes[c]) * scale) << "code " << c << " M=" << M;
+  std::vector<float> scale_list = {0.25f, 0x1p-22f, 0x1p7f, 0x1p101f};
+  if (!rounds_x_to_bf16(active_isa(), DType::kF8E4M3)) scale_list.insert(scale_list.end(), {0.0123f, 3e-7f, 100.0f, 200.0f, 2e30f});
+  for (float scale : scale_list) {
+    const float scales[4] = {scale, scale, scale, scale};  // four 128-column blocks
+    w.scale_inv = scales;
+    for (int64_t M : {int64_t{1}, K}) {  // one token (decoded as read) and all (decoded into panels)
+      std::fill(y.begin(), y.end(), -1.0f);
+      for (int64_t m = 0; m < K; m += M) linear(x.data() + m * K, M, K, w, 0, 1, y.data() + m, 1);
+      for (int64_t c = 0; c < K; ++c)
+        ASSERT_EQ(y[c], fp8e4m3_to_f32(codes[c]) * scale) << "code " << int{codes[c]} << " scale " << scale << " M=" << M;
+    }
   }
 }
 
@@ -338,20 +355,25 @@ TEST_P(KernelIsa, Bf16DotPathStaysWithinItsBound) {
 }
 
 TEST_P(KernelIsa, NanAndInfPassThrough) {
-  constexpr int64_t M = 3, N = 9, K = 40;
-  for (DType dt : kDTypes) {
-    SCOPED_TRACE(dtype_name(dt));
-    TestWeight w = make_weight(dt, N, K, 5);
-    std::vector<float> x = make_x(M, K, 6);
-    x[0 * K + 17] = std::numeric_limits<float>::quiet_NaN();
-    x[1 * K + 39] = std::numeric_limits<float>::infinity();  // the tail lane on the SIMD paths
-    if (dt == DType::kF8E4M3) w.fp8[4 * K + 3] = 0xff;       // an fp8 NaN code in row 4
-    std::vector<float> y(M * N);
-    linear(x.data(), M, K, w.view, 0, N, y.data(), N);
-    for (int64_t n = 0; n < N; ++n) {
-      EXPECT_TRUE(std::isnan(y[n])) << n;
-      EXPECT_TRUE(std::isinf(y[N + n]) || std::isnan(y[N + n])) << n;
-      EXPECT_EQ(std::isnan(y[2 * N + n]), dt == DType::kF8E4M3 && n == 4) << n;
+  constexpr int64_t M = 3, N = 9;
+  for (int64_t K : {40, 256}) {  // fp8 NaN codes in a block shorter than 128 columns, and in full blocks
+    for (DType dt : kDTypes) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " K=" << K);
+      TestWeight w = make_weight(dt, N, K, 5);
+      std::vector<float> x = make_x(M, K, 6);
+      x[0 * K + 17] = std::numeric_limits<float>::quiet_NaN();
+      x[1 * K + K - 1] = std::numeric_limits<float>::infinity();  // the tail lane on the SIMD paths
+      if (dt == DType::kF8E4M3) {
+        w.fp8[4 * K + 3] = 0xff;                  // fp8 NaN codes in row 4
+        if (K > 128) w.fp8[6 * K + 200] = 0x7f;  // and in row 6's second block
+      }
+      std::vector<float> y(M * N);
+      linear(x.data(), M, K, w.view, 0, N, y.data(), N);
+      for (int64_t n = 0; n < N; ++n) {
+        EXPECT_TRUE(std::isnan(y[n])) << n;
+        EXPECT_TRUE(std::isinf(y[N + n]) || std::isnan(y[N + n])) << n;
+        EXPECT_EQ(std::isnan(y[2 * N + n]), dt == DType::kF8E4M3 && (n == 4 || (K > 128 && n == 6))) << n;
+      }
     }
   }
 }

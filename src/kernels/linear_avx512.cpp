@@ -43,45 +43,76 @@ struct Avx512 {
   static Reg load_bf16(const uint16_t* p) { return bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   static Reg load_bf16_tail(const uint16_t* p, int n) { return bf16(_mm256_maskz_loadu_epi16(tail_mask(n), p)); }
 
-  // fp8 e4m3 -> fp32 through fp16: the 7 magnitude bits placed at fp16 bits 7..13 (sign at 15) make an
-  // fp16 equal to fp8 * 2^-8 exactly, subnormals included, and vcvtph2ps widens it exactly; one multiply
-  // by scale * 2^8 then gives fp8 * scale rounded once, as weight_at() does. (Placing the bits straight
-  // into an fp32 would make fp8 subnormals fp32 subnormals, and denormal operands make vmulps ~2x slower
-  // here.) Two rare cases take an exact slower path, decided once per row and 128-column block: NaN codes
-  // (S.1111.111) in the block, and scales so large that scale * 2^8 could overflow.
+  // fp8 e4m3 -> fp32, three exact decodings, one chosen per row and 128-column block (fp8_scale):
+  // - kFastPath: the sign-extended byte shifted left by 20 and masked puts the sign at bit 31 and the 4
+  //   exponent and 3 mantissa bits at bits 23..26 and 20..22: an fp32 equal to fp8 * 2^-120 exactly for
+  //   every normal code. One multiply by scale * 2^120 then gives fp8 * scale rounded once, as weight_at()
+  //   does. Four instructions for 16 weights.
+  // - kSubnormalPath, for blocks holding a zero or subnormal code (the fast path would make subnormals fp32
+  //   subnormals, and a vector holding one makes vmulps up to 2x slower here; a DeepSeek-like checkpoint has
+  //   either in under 1% of its blocks), a scale of 2^7 or more (scale * 2^120 could overflow) or fewer than
+  //   128 columns: the 7 magnitude bits at fp16 bits 7..13 (sign at 15) make an fp16 equal to fp8 * 2^-8
+  //   exactly, subnormals included; vcvtph2ps widens it exactly and one multiply by scale * 2^8 follows.
+  //   Five instructions, vcvtph2ps at one per cycle.
+  // - kExactPath, for NaN codes (S.1111.111) in the block or a scale of 2^100 or more: the fp16 route with
+  //   the NaN codes masked in and, for large scales, the 2^8 multiplied back before the scale.
+  // fp8 2048x7168, every block on the fp16 route -> the fast path: in L3, one thread, 1 / 2 / 3 / 4 tokens
+  // 639-652 / 715-748 / 760-777 / 836-840 -> 563-569 / 585-592 / 659-711 / 783-846 us (the per-block check
+  // costs 80-90 us of the one-token time); from DRAM, two threads, 2 / 3 tokens at 0.76-0.84 / 0.75-0.80 of
+  // the read bandwidth -> 0.92-0.98 / 0.86-0.92. From 5 tokens on, the rows are decoded once per panel and
+  // the FMAs bound the time, so the gain is small there.
   struct Fp8Scale {
-    Reg s;
-    bool slow;
+    Reg s;       // kFastPath: scale * 2^120
+    Reg s_fp16;  // the other two: scale * 2^8, or scale when big
+    int path;
     bool big;
   };
   static Fp8Scale fp8_scale(float s, const uint8_t* block, int n) {
-    const __m512i low7 = _mm512_set1_epi8(0x7f);
-    __mmask64 nan = 0;
-    for (int i = 0; i < n; i += 64) {
-      const __mmask64 m = n - i >= 64 ? ~__mmask64{0} : (__mmask64{1} << (n - i)) - 1;
-      nan |= _mm512_cmpeq_epi8_mask(_mm512_and_si512(_mm512_maskz_loadu_epi8(m, block + i), low7), low7);
-    }
     const bool big = !(s < 0x1p100f && s > -0x1p100f);
-    return {_mm512_set1_ps(big ? s : s * 0x1p8f), big || nan != 0, big};
+    bool fast = s < 0x1p7f && s > -0x1p7f && n == 128;
+    if (fast) {
+      // 2 * code + 2 (mod 256) is at most 16 exactly for the magnitudes 0x7f (NaN), 0 and 1..7 (subnormal).
+      const __m512i two = _mm512_set1_epi8(2), b0 = _mm512_loadu_si512(block), b1 = _mm512_loadu_si512(block + 64);
+      const __m512i t = _mm512_min_epu8(_mm512_add_epi8(_mm512_add_epi8(b0, b0), two),
+                                        _mm512_add_epi8(_mm512_add_epi8(b1, b1), two));
+      fast = _mm512_cmple_epu8_mask(t, _mm512_set1_epi8(16)) == 0;
+    }
+    int path = simd::kFastPath;
+    if (!fast) {
+      const __m512i low7 = _mm512_set1_epi8(0x7f);
+      __mmask64 nan = 0;
+      for (int i = 0; i < n; i += 64) {
+        const __mmask64 m = n - i >= 64 ? ~__mmask64{0} : (__mmask64{1} << (n - i)) - 1;
+        nan |= _mm512_cmpeq_epi8_mask(_mm512_and_si512(_mm512_maskz_loadu_epi8(m, block + i), low7), low7);
+      }
+      path = big || nan != 0 ? simd::kExactPath : simd::kSubnormalPath;
+    }
+    return {_mm512_set1_ps(fast ? s * 0x1p120f : 0.0f), _mm512_set1_ps(big ? s : s * 0x1p8f), path, big};
   }
   // fp8 * 2^-8 as fp32: sign-extended words << 7 put the sign on bit 15 and a copy on bit 14, cleared.
   static Reg fp8_scaled_down(__m128i bytes) {
     const __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7);
     return _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16(static_cast<short>(0xbf80))));
   }
-  static Reg fp8_fast(__m128i bytes, const Fp8Scale& s) { return _mm512_mul_ps(fp8_scaled_down(bytes), s.s); }
   static Reg fp8_exact(__m128i bytes, const Fp8Scale& s) {
     Reg f = fp8_scaled_down(bytes);
-    f = s.big ? _mm512_mul_ps(_mm512_mul_ps(f, _mm512_set1_ps(0x1p8f)), s.s) : _mm512_mul_ps(f, s.s);
+    f = s.big ? _mm512_mul_ps(_mm512_mul_ps(f, _mm512_set1_ps(0x1p8f)), s.s_fp16) : _mm512_mul_ps(f, s.s_fp16);
     const __m128i low7 = _mm_set1_epi8(0x7f);
     const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_and_si128(bytes, low7), low7);
     return _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
   }
-  static Reg load_fp8_fast(const uint8_t* p, const Fp8Scale& s) {
-    return fp8_fast(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), s);
-  }
-  static Reg load_fp8_exact(const uint8_t* p, const Fp8Scale& s) {
-    return fp8_exact(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), s);
+  template <int P>
+  static Reg load_fp8(const uint8_t* p, const Fp8Scale& s) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if constexpr (P == simd::kFastPath) {
+      const __m512i d = _mm512_slli_epi32(_mm512_cvtepi8_epi32(bytes), 20);
+      const __m512i fp8_scaled = _mm512_and_si512(d, _mm512_set1_epi32(static_cast<int>(0x87f00000u)));
+      return _mm512_mul_ps(_mm512_castsi512_ps(fp8_scaled), s.s);
+    } else if constexpr (P == simd::kSubnormalPath) {
+      return _mm512_mul_ps(fp8_scaled_down(bytes), s.s_fp16);
+    } else {
+      return fp8_exact(bytes, s);
+    }
   }
   static Reg load_fp8_tail(const uint8_t* p, int n, const Fp8Scale& s) {
     return fp8_exact(_mm_maskz_loadu_epi8(tail_mask(n), p), s);

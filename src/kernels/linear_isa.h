@@ -25,3 +25,11 @@ void weighted_rows_sum_avx512(float* y, const float* x, int64_t ldx, const int32
                               int64_t n);
 
 }  // namespace moe::detail
+
+namespace moe::simd {
+
+// The weight decodings of a 128-column block in the SIMD kernels (linear_simd.h), fastest first; each ISA's
+// traits say which one a block needs (for fp8: NaN codes, subnormal codes, the scale's size).
+inline constexpr int kFastPath = 0, kSubnormalPath = 1, kExactPath = 2;
+
+}  // namespace moe::simd

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/linear_isa.h"
 #include "kernels/weight.h"
 
 namespace moe::simd {
@@ -32,8 +33,9 @@ namespace moe::simd {
 inline constexpr int64_t kScaleBlock = 128;  // fp8 block-scale granularity (columns and rows)
 
 // Reads one weight row as fp32 vectors: set() picks the row, block(kb) is called before the columns of
-// 128-column block kb are read (fp8: its scale), load<kSlow>(k) / load_tail(k, n) read kLanes / n < kLanes
-// columns from k (the tail zero-filled). slow() says whether this block needs the exact slow decoding.
+// 128-column block kb are read (fp8: its scale), load<P>(k) / load_tail(k, n) read kLanes / n < kLanes
+// columns from k (the tail zero-filled). path() says which decoding this block needs (linear_isa.h), and
+// load<P> with any P at or above it reads the same values: fp8 has three (see the ISA traits).
 template <class V, DType D>
 struct RowCursor;
 
@@ -42,8 +44,8 @@ struct RowCursor<V, DType::kF32> {
   const float* p = nullptr;
   void set(const WeightView& w, int64_t r) { p = static_cast<const float*>(w.data) + r * w.cols; }
   void block(int64_t) {}
-  static constexpr bool slow() { return false; }
-  template <bool kSlow>
+  static constexpr int path() { return kFastPath; }
+  template <int P>
   typename V::Reg load(int64_t k) const { return V::load(p + k); }
   typename V::Reg load_tail(int64_t k, int n) const { return V::load_tail(p + k, n); }
 };
@@ -53,8 +55,8 @@ struct RowCursor<V, DType::kBF16> {
   const uint16_t* p = nullptr;
   void set(const WeightView& w, int64_t r) { p = static_cast<const uint16_t*>(w.data) + r * w.cols; }
   void block(int64_t) {}
-  static constexpr bool slow() { return false; }
-  template <bool kSlow>
+  static constexpr int path() { return kFastPath; }
+  template <int P>
   typename V::Reg load(int64_t k) const { return V::load_bf16(p + k); }
   typename V::Reg load_tail(int64_t k, int n) const { return V::load_bf16_tail(p + k, n); }
 };
@@ -74,13 +76,9 @@ struct RowCursor<V, DType::kF8E4M3> {
     const uint8_t* b = p + kb * kScaleBlock;
     scale = V::fp8_scale(scales[kb], b, static_cast<int>(std::min<int64_t>(kScaleBlock, row_end - b)));
   }
-  // Whether this block needs the exact-but-slower decoding (NaN codes or a scale >= 2^7, see the traits).
-  bool slow() const { return scale.slow; }
-  template <bool kSlow>
-  typename V::Reg load(int64_t k) const {
-    if constexpr (kSlow) return V::load_fp8_exact(p + k, scale);
-    else return V::load_fp8_fast(p + k, scale);
-  }
+  int path() const { return scale.path; }
+  template <int P>
+  typename V::Reg load(int64_t k) const { return V::template load_fp8<P>(p + k, scale); }
   typename V::Reg load_tail(int64_t k, int n) const { return V::load_fp8_tail(p + k, n, scale); }
 };
 
@@ -138,13 +136,13 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
       for (; next_from < next_to; next_from += 64) V::prefetch(next_from);
     }
     int64_t k = kb;
-    // The slow decoding is chosen once per block, outside the loop: a per-load branch costs more than
-    // the decoding itself.
-    const auto steps = [&](auto slow) {
+    // The decoding is chosen once per block, outside the loop: a per-load branch costs more than the
+    // decoding itself.
+    const auto steps = [&](auto path) {
       for (; k + L <= kend; k += L) {
         Reg wv[R];
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) wv[r] = rows[r].template load<decltype(slow)::value>(k);
+        for (int r = 0; r < R; ++r) wv[r] = rows[r].template load<decltype(path)::value>(k);
 #pragma GCC unroll 8
         for (int t = 0; t < T; ++t) {
           const Reg xv = V::load(x + t * ldx + k);
@@ -153,11 +151,12 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
         }
       }
     };
-    bool slow = false;
+    int path = kFastPath;
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) slow |= rows[r].slow();
-    if (slow) steps(std::true_type{});
-    else steps(std::false_type{});
+    for (int r = 0; r < R; ++r) path = std::max(path, rows[r].path());
+    if (path == kFastPath) steps(std::integral_constant<int, kFastPath>{});
+    else if (path == kSubnormalPath) steps(std::integral_constant<int, kSubnormalPath>{});
+    else steps(std::integral_constant<int, kExactPath>{});
     if (k < kend) {
       const int rem = static_cast<int>(kend - k);
       Reg wv[R];
@@ -257,10 +256,12 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
       for (int r = 0; r < R; ++r) {
         rows[r].block(kb / kScaleBlock);
         int64_t k = kb;
-        if (rows[r].slow())
-          for (; k + L <= kend; k += L) V::store(&panel[r][k - c0], rows[r].template load<true>(k));
-        else
-          for (; k + L <= kend; k += L) V::store(&panel[r][k - c0], rows[r].template load<false>(k));
+        const auto convert = [&](auto path) {
+          for (; k + L <= kend; k += L) V::store(&panel[r][k - c0], rows[r].template load<decltype(path)::value>(k));
+        };
+        if (rows[r].path() == kFastPath) convert(std::integral_constant<int, kFastPath>{});
+        else if (rows[r].path() == kSubnormalPath) convert(std::integral_constant<int, kSubnormalPath>{});
+        else convert(std::integral_constant<int, kExactPath>{});
         if (k < kend) V::store(&panel[r][k - c0], rows[r].load_tail(k, static_cast<int>(kend - k)));
       }
     }
@@ -393,7 +394,8 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
     // 3-8 tokens: 6 rows (wide_rows), except 5-8 on rows of at most 1 KiB (short_rows) and 5-6 on longer
     // ones (long_rows). 6 rows x 4 tokens fills 24 of 32 registers (measured ~10% faster than 4 x 4 for bf16
     // on one thread); 6 x 3 at 3 tokens (bf16 512x2048 from DRAM: 66-68 us against 71-73 with 4 x 3). fp8
-    // rows carry a scale register each and stay at 4.
+    // rows carry scale registers and stay at 4 (6 x 3-4 spilled them: one thread, fp8 2048x7168 in L3,
+    // 3 / 4 tokens 650 / 781 -> 828 / 886 us).
     constexpr bool kWide = V::kWideBlocks && D != DType::kF8E4M3;
     if (kWide && mc >= 5 && mc <= 8 && row_bytes <= 1024)
       for (; n + 4 <= n1; n += 4) short_rows<V, D>(xm, mc, ldx, w, n, ym + (n - n0), ldy);

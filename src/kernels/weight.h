@@ -9,8 +9,8 @@ namespace moe {
 
 // How the bytes behind WeightView::data are arranged.
 //   kRowMajor: the checkpoint layout, row r at data + r * cols * dtype_size.
-//   kPacked:   a SIMD-friendly layout made once at load by pack_weight() (kernels/pack.h); only the
-//              kernels read it.
+//   kPacked:   reserved for a SIMD-friendly layout made once at load; none is implemented (the kernels'
+//              README says why), and the kernels take row-major views only.
 enum class WeightLayout : uint8_t { kRowMajor, kPacked };
 
 struct WeightView {
