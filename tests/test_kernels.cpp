@@ -137,6 +137,9 @@ TEST_P(KernelIsa, Fp8BlockScalesAcrossBlocks) {
   check_against_reference(DType::kF8E4M3, 6, 300, 391, 0, 300);
   check_against_reference(DType::kF8E4M3, 2, 300, 391, 130, 261);
   check_against_reference(DType::kF8E4M3, 7, 20, 1100, 0, 20);  // several 512-column panels and a tail
+  // Rows longer than 1 KiB at 5-8 tokens (one-pass blocks of 4 and 3 rows on AVX-512), with row ranges
+  // that leave rows over for the narrower blocks.
+  for (int64_t M : {5, 6, 7, 8}) check_against_reference(DType::kF8E4M3, M, 23, 1100, 1, 23);
 }
 
 // Every fp8 code through the kernel: token m is the one-hot x selecting column m of a single row, so y[m] is

@@ -59,8 +59,8 @@ struct Avx512 {
   // fp8 2048x7168, every block on the fp16 route -> the fast path: in L3, one thread, 1 / 2 / 3 / 4 tokens
   // 639-652 / 715-748 / 760-777 / 836-840 -> 563-569 / 585-592 / 659-711 / 783-846 us (the per-block check
   // costs 80-90 us of the one-token time); from DRAM, two threads, 2 / 3 tokens at 0.76-0.84 / 0.75-0.80 of
-  // the read bandwidth -> 0.92-0.98 / 0.86-0.92. From 5 tokens on, the rows are decoded once per panel and
-  // the FMAs bound the time, so the gain is small there.
+  // the read bandwidth -> 0.92-0.98 / 0.86-0.92. Where the rows are decoded once per panel (from 9 tokens
+  // on; from 5 on rows of at most 1 KiB) the FMAs bound the time, and the gain is small.
   struct Fp8Scale {
     Reg s;       // kFastPath: scale * 2^120
     Reg s_fp16;  // the other two: scale * 2^8, or scale when big

@@ -16,9 +16,9 @@
 // Loop structure (linear_rows): tokens in macro-blocks of up to kMaxMacroTokens (their x rows stay in
 // L2), then row blocks (2 to 8 rows, by token count, row length and dtype), then one register-blocked
 // pass for up to 4 tokens (micro_kernel), one for 5-6 (short_rows on rows of at most 1 KiB, long_rows on
-// longer ones), two for 7-8 (wide_rows, or short_rows), or, for more, fp32 panels of the rows shared by
-// micro-blocks of 3-4 tokens (row_block_panel). Each weight row is streamed from memory once per
-// macro-block.
+// longer ones), two for 7-8 (wide_rows, or short_rows; fp8 rows longer than 1 KiB: one, three_rows), or,
+// for more, fp32 panels of the rows shared by micro-blocks of 3-4 tokens (row_block_panel). Each weight row
+// is streamed from memory once per macro-block.
 #pragma once
 
 #include <algorithm>
@@ -339,11 +339,25 @@ void short_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int
 // (wide_rows) converted every weight twice and ran the second, 1-2 token pass at the load ports' pace (one
 // thread, bf16 512x2048, 5 / 6 tokens, weights in L3: 74-75 / 82 -> 57-59 / 68-71 us; from DRAM: 85-87 /
 // 95-97 -> 69-71 / 74 us). Leads of 1, 1.5, 3 and 4 KiB measured slower, and so did 3 rows x 7-8 tokens.
+// fp8 takes them too: its decoding costs more than the FMAs it feeds, so a single pass beats panels decoded
+// once for all tokens (one thread, fp8 2048x7168 in L3, 5 / 6 tokens: 1.29-1.35 / 1.36-1.40 -> 0.92-0.93 /
+// 1.03-1.04 ms; from DRAM, two threads: 0.72 / 0.71-0.72 -> 0.48 / 0.53 ms).
 template <class V, DType D>
 void long_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
   const int64_t lead_cols = kLongRowLeadBytes / static_cast<int64_t>(dtype_size(D));
   if (M == 5) return micro_kernel<V, D, 4, 5>(x, ldx, w, n, y, ldy, 4, lead_cols);
   micro_kernel<V, D, 4, 6>(x, ldx, w, n, y, ldy, 4, lead_cols);
+}
+
+// 3 fp8 rows of more than 1 KiB against 7 or 8 tokens in one pass (21-24 accumulators), for the same reason
+// (one thread, fp8 2048x7168 in L3, 7 / 8 tokens: panels 1.56-1.58 / 1.66 ms -> 1.26 / 1.42-1.45; 2 rows
+// 1.27-1.34 / 1.47-1.49; two passes of 4 rows 1.60-1.69 / 1.65; from DRAM, two threads: 0.80-0.89 / 0.85 ->
+// 0.64-0.66 / 0.73-0.74 ms). bf16 measured slower this way (see long_rows).
+template <class V, DType D>
+void three_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
+  const int64_t lead_cols = kLongRowLeadBytes / static_cast<int64_t>(dtype_size(D));
+  if (M == 7) return micro_kernel<V, D, 3, 7>(x, ldx, w, n, y, ldy, 3, lead_cols);
+  micro_kernel<V, D, 3, 8>(x, ldx, w, n, y, ldy, 3, lead_cols);
 }
 
 // One row block against tokens [0, M), M <= kMaxMacroTokens.
@@ -397,16 +411,18 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
     // rows carry scale registers and stay at 4 (6 x 3-4 spilled them: one thread, fp8 2048x7168 in L3,
     // 3 / 4 tokens 650 / 781 -> 828 / 886 us).
     constexpr bool kWide = V::kWideBlocks && D != DType::kF8E4M3;
+    constexpr bool kFp8Long = V::kWideBlocks && D == DType::kF8E4M3;  // one-pass blocks on long fp8 rows
     if (kWide && mc >= 5 && mc <= 8 && row_bytes <= 1024)
       for (; n + 4 <= n1; n += 4) short_rows<V, D>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
-    if (kWide && mc >= 5 && mc <= 6 && row_bytes > 1024)
+    if ((kWide || kFp8Long) && mc >= 5 && mc <= 6 && row_bytes > 1024)
       for (; n + 4 <= n1; n += 4) long_rows<V, D>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
+    if (kFp8Long && mc >= 7 && mc <= 8 && row_bytes > 1024)
+      for (; n + 3 <= n1; n += 3) three_rows<V, D>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     if (kWide && mc >= 3 && mc <= 8)
       for (; n + 6 <= n1; n += 6) wide_rows<V, D, 6>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     // Wide panels (8 rows x 3 tokens, FMAs on L1-resident panel rows) halve the x traffic per FMA. With
     // the next row block streamed under all micro-blocks they are the faster choice from 9 tokens on, and
-    // for fp8 from 5 (Qwen3-Next prefill of 512 tokens: 144-149 -> 134-136 ms; fp8 2048x7168 at 8 tokens:
-    // 1.95 -> 1.74 ms).
+    // for fp8 on rows of at most 1 KiB from 5 (Qwen3-Next prefill of 512 tokens: 144-149 -> 134-136 ms).
     if (mc > 4 && V::kPanelRows > 4)
       for (; n + V::kPanelRows <= n1; n += V::kPanelRows)
         row_block_panel<V, D, V::kPanelRows>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
