@@ -59,8 +59,9 @@ struct Avx2 {
   }
 
   // The AVX-512 path's exact fp8 decoding through fp16 (F16C; see linear_avx512.cpp) for every block
-  // without NaN codes or a large scale, and the same kExactPath for those. Its kFastPath (fp32 bits straight
-  // from the byte) is not used here: with 8 lanes, vcvtph2ps costs no more than the extra shift and mask.
+  // without NaN codes or a scale of 2^100 or more, and the same kExactPath for those. The AVX-512 path's
+  // faster decoding of normal codes straight into fp32 bits was written and measured there only; here the
+  // fp16 route is kFastPath and kSubnormalPath alike.
   struct Fp8Scale {
     Reg s;
     int path;
