@@ -177,8 +177,7 @@ int main(int argc, char** argv) {
   for (int t : {1, 2}) {
     // Over the pool when it is far larger than the caches: nothing is unmapped just before the benchmarks,
     // which on a VM that hands freed memory back to the host slows what runs in the next seconds.
-    g_bw_gbps[t] = pool.bytes >= moe::kDramReadBytes ? moe::measure_read_bandwidth_gbps(t, pool.data, pool.bytes)
-                                                     : moe::measure_read_bandwidth_gbps(t);
+    g_bw_gbps[t] = moe::measure_dram_read_gbps(t, pool.data, pool.bytes);
     g_peak_f32[t] = moe::measure_peak_gflops(t, moe::PeakKind::kF32Fma);
     const double bf16 = g_peak_bf16[t] = moe::measure_peak_gflops(t, moe::PeakKind::kBf16Dot);
     std::fprintf(stderr, "roofline, %d thread(s): read %.1f GB/s, fp32 FMA %.0f GFLOP/s, bf16 dot %.0f GFLOP/s\n", t,

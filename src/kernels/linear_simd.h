@@ -39,6 +39,15 @@ inline constexpr int64_t kScaleBlock = 128;  // fp8 block-scale granularity (col
 template <class V, DType D>
 struct RowCursor;
 
+// f(std::integral_constant<int, P>{}) for the decoding P = path, so that a loop inside f is compiled once
+// per decoding and the choice is made outside it.
+template <class F>
+void with_path(int path, F&& f) {
+  if (path == kFastPath) f(std::integral_constant<int, kFastPath>{});
+  else if (path == kSubnormalPath) f(std::integral_constant<int, kSubnormalPath>{});
+  else f(std::integral_constant<int, kExactPath>{});
+}
+
 template <class V>
 struct RowCursor<V, DType::kF32> {
   const float* p = nullptr;
@@ -154,9 +163,7 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
     int path = kFastPath;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) path = std::max(path, rows[r].path());
-    if (path == kFastPath) steps(std::integral_constant<int, kFastPath>{});
-    else if (path == kSubnormalPath) steps(std::integral_constant<int, kSubnormalPath>{});
-    else steps(std::integral_constant<int, kExactPath>{});
+    with_path(path, steps);
     if (k < kend) {
       const int rem = static_cast<int>(kend - k);
       Reg wv[R];
@@ -256,12 +263,9 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
       for (int r = 0; r < R; ++r) {
         rows[r].block(kb / kScaleBlock);
         int64_t k = kb;
-        const auto convert = [&](auto path) {
+        with_path(rows[r].path(), [&](auto path) {
           for (; k + L <= kend; k += L) V::store(&panel[r][k - c0], rows[r].template load<decltype(path)::value>(k));
-        };
-        if (rows[r].path() == kFastPath) convert(std::integral_constant<int, kFastPath>{});
-        else if (rows[r].path() == kSubnormalPath) convert(std::integral_constant<int, kSubnormalPath>{});
-        else convert(std::integral_constant<int, kExactPath>{});
+        });
         if (k < kend) V::store(&panel[r][k - c0], rows[r].load_tail(k, static_cast<int>(kend - k)));
       }
     }

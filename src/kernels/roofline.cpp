@@ -113,6 +113,11 @@ double measure_read_bandwidth_gbps(int threads, const void* buffer, size_t bytes
   return static_cast<double>(slice) * threads / median(seconds) / 1e9;
 }
 
+double measure_dram_read_gbps(int threads, const void* buffer, size_t bytes) {
+  return buffer != nullptr && bytes >= kDramReadBytes ? measure_read_bandwidth_gbps(threads, buffer, bytes)
+                                                      : measure_read_bandwidth_gbps(threads);
+}
+
 double measure_read_bandwidth_gbps(int threads, size_t bytes) {
   threads = std::max(threads, 1);
   bytes = (bytes + kHugePage - 1) / kHugePage * kHugePage;

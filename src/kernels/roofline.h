@@ -22,6 +22,9 @@ double measure_read_bandwidth_gbps(int threads, const void* buffer, size_t bytes
 // A buffer at least this large is read from DRAM (this machine keeps 64 MiB working sets in cache), so a
 // read of it measures the read bandwidth; under it, the fresh 1 GiB probe is the one that measures.
 inline constexpr size_t kDramReadBytes = size_t{128} << 20;
+// The read bandwidth over `buffer` when it is at least kDramReadBytes (nothing mapped or unmapped), else
+// (a smaller buffer, or none) over a fresh 1 GiB.
+double measure_dram_read_gbps(int threads, const void* buffer, size_t bytes);
 
 // The probe's read loop over [p, p + n), p 64-byte aligned and n a multiple of 1 KiB: every byte is loaded
 // once, and the result is the XOR of all the 64-bit words, so no read can be dropped. Timed over a buffer far

@@ -167,9 +167,20 @@ double huge_page_fraction(const LayerWeights& w) {
 }
 
 struct Samples {
-  std::vector<double> us, host_us;
-  std::vector<double> of_bw;  // per call whose sweep measured: its GB/s over the sweep's
   std::vector<BenchCall> calls;
+  std::vector<double> host_us;
+  std::vector<double> us() const {
+    std::vector<double> v;
+    for (const BenchCall& c : calls) v.push_back(c.us);
+    return v;
+  }
+  // Each call whose sweep measured: its GB/s over the sweep's.
+  std::vector<double> of_bw() const {
+    std::vector<double> v;
+    for (const BenchCall& c : calls)
+      if (c.sweep_gbps > 0) v.push_back(static_cast<double>(c.bytes) / (c.us * 1e3) / c.sweep_gbps);
+    return v;
+  }
 };
 
 // The shared branch's own time: the union of its operations in traced serial forwards, median.
@@ -226,8 +237,7 @@ void run_bench(const BenchOptions& o) {
   // workspaces, the eviction buffer), without a probe's unmapped 1 GiB.
   DeviceTimer timer(o.evict_mib, dev->num_workers());
   report.sweep_measures = timer.measures_bandwidth();
-  report.machine = measure_machine(dev->num_workers(), report.sweep_measures ? timer.sweep_data() : nullptr,
-                                   timer.sweep_bytes());
+  report.machine = measure_machine(dev->num_workers(), timer.sweep_data(), timer.sweep_bytes());
   reset_peak_rss();
   LoadedModel m = load_model(o.model);
   const bool mapped = std::filesystem::is_directory(o.model.model);
@@ -291,12 +301,8 @@ void run_bench(const BenchOptions& o) {
         main.synchronize();
         if (r >= o.warmup) {
           const double g = timer.us() > 0 ? timer.sweep_gbps() : 0;
-          if (g > 0) {
-            sweep_gbps.push_back(g);
-            samples[si].of_bw.push_back(bytes.back() / (timer.us() * 1e3) / g);
-          }
+          if (g > 0) sweep_gbps.push_back(g);
           samples[si].calls.push_back({.us = timer.us(), .bytes = static_cast<int64_t>(bytes.back()), .sweep_gbps = g});
-          samples[si].us.push_back(timer.us());
           samples[si].host_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
         }
       }
@@ -310,16 +316,17 @@ void run_bench(const BenchOptions& o) {
     const double med_bytes = quantile(bytes, 0.5), med_flops = quantile(flops, 0.5);
     double serial_us = 0;
     for (size_t si = 0; si < variants.size(); ++si)
-      if (variants[si].schedule == Schedule::kSerial && !variants[si].graph) serial_us = quantile(samples[si].us, 0.5);
+      if (variants[si].schedule == Schedule::kSerial && !variants[si].graph) serial_us = quantile(samples[si].us(), 0.5);
     for (size_t si = 0; si < variants.size(); ++si) {
       BenchResult b;
       b.schedule = variants[si].name();
       b.effective = std::string(schedule_name(layer.effective_schedule({.schedule = variants[si].schedule}, t).schedule)) +
                     (variants[si].graph ? "+graph" : "");
       b.tokens = t;
-      b.median_us = quantile(samples[si].us, 0.5);
-      b.p10_us = quantile(samples[si].us, 0.1);
-      b.p90_us = quantile(samples[si].us, 0.9);
+      const std::vector<double> us = samples[si].us(), of_bw = samples[si].of_bw();
+      b.median_us = quantile(us, 0.5);
+      b.p10_us = quantile(us, 0.1);
+      b.p90_us = quantile(us, 0.9);
       b.host_us = quantile(samples[si].host_us, 0.5);
       b.bytes = static_cast<int64_t>(med_bytes);
       b.active_experts = static_cast<int64_t>(quantile(experts, 0.5));
@@ -328,7 +335,7 @@ void run_bench(const BenchOptions& o) {
       b.read_spread = read_spread;
       b.read_calls = static_cast<int>(sweep_gbps.size());
       // Each call against the bandwidth of its own moment (the mode can change within a token count).
-      b.bandwidth_fraction = !samples[si].of_bw.empty() ? quantile(samples[si].of_bw, 0.5)
+      b.bandwidth_fraction = !of_bw.empty() ? quantile(of_bw, 0.5)
                              : read_gbps > 0           ? b.gbps / read_gbps
                                                        : 0;
       b.gflops = b.median_us > 0 ? med_flops / (b.median_us * 1e3) : 0;

@@ -52,8 +52,7 @@ MachineFigures measure_machine(int threads, const void* probe_buffer, size_t pro
   MachineFigures m;
   m.cpu = cpu_model();
   m.threads = threads;
-  m.read_gbps = probe_buffer != nullptr ? measure_read_bandwidth_gbps(threads, probe_buffer, probe_bytes)
-                                        : measure_read_bandwidth_gbps(threads);
+  m.read_gbps = measure_dram_read_gbps(threads, probe_buffer, probe_bytes);
   m.fp32_gflops = measure_peak_gflops(threads, PeakKind::kF32Fma);
   m.bf16_gflops = measure_peak_gflops(threads, PeakKind::kBf16Dot);
   m.isa = std::string(isa_name(active_isa()));

@@ -30,9 +30,9 @@ struct MachineFigures {
   nlohmann::json to_json() const;
 };
 
-// Measures now (takes about a second) and updates the cache. The read bandwidth is measured over a fresh
-// 1 GiB mapping, or over `probe_buffer` (resident, far larger than the caches) when one is given, so that
-// nothing is unmapped just before a benchmark times its calls.
+// Measures now (takes about a second) and updates the cache. The read bandwidth is measured over
+// `probe_buffer` when it is resident and large enough to read from DRAM (measure_dram_read_gbps), so that
+// nothing is unmapped just before a benchmark times its calls; else over a fresh 1 GiB mapping.
 MachineFigures measure_machine(int threads, const void* probe_buffer = nullptr, size_t probe_bytes = 0);
 // The cached figures for this CPU and thread count, or measure_machine().
 MachineFigures cached_machine(int threads);
