@@ -1,5 +1,6 @@
 // The declaration check: an operation that writes outside its declared ranges is caught (one element past the
-// end of a guarded buffer, a row past a declared sub-range, a range declared read-only), and correct ones pass.
+// end of a guarded buffer, a row past a declared sub-range, a range declared read-only), so is one that reads
+// past its declared reads, and correct ones pass.
 #include "runtime/declaration_check.h"
 
 #include <gtest/gtest.h>
@@ -68,6 +69,33 @@ TEST_F(DeclarationTest, WriteToARangeDeclaredRead) {
                },
                .accesses = {reads(in, 64), writes(out, 64)}});
   expect_violation(main, "in_place_by_mistake", "input");
+}
+
+// A planted undeclared read: the op declares the first half of its input and reads one element past it.
+TEST_F(DeclarationTest, AReadPastTheDeclaredRangeIsCaught) {
+  constexpr int n = 16;
+  auto* in = static_cast<float*>(chk->allocate_guarded(2 * n * sizeof(float), "input"));
+  auto* out = static_cast<float*>(chk->allocate_guarded(n * sizeof(float), "output"));
+  for (int i = 0; i < 2 * n; ++i) in[i] = static_cast<float>(i) + 0.5f;
+  main.launch({.name = "reads_one_more", .num_tiles = 2, .tile = [in, out](int t) {
+                 for (int i = t * 8; i < t * 8 + 8; ++i) out[i] = in[i] + (i == n - 1 ? in[n] : 0.0f);
+               },
+               .accesses = {reads(in, n * sizeof(float)), writes(out, n * sizeof(float))}});
+  try {
+    main.synchronize();
+    ADD_FAILURE() << "the undeclared read was not caught";
+  } catch (const StreamError& e) {
+    EXPECT_NE(std::string(e.what()).find("op 'reads_one_more'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("did not declare"), std::string::npos) << e.what();
+  }
+  // The same op with the read declared passes and computes the real result.
+  main.launch({.name = "reads_declared", .num_tiles = 2, .tile = [in, out](int t) {
+                 for (int i = t * 8; i < t * 8 + 8; ++i) out[i] = in[i] + (i == n - 1 ? in[n] : 0.0f);
+               },
+               .accesses = {reads(in, (n + 1) * sizeof(float)), writes(out, n * sizeof(float))}});
+  EXPECT_NO_THROW(main.synchronize());
+  EXPECT_EQ(out[n - 1], in[n - 1] + in[n]);
+  EXPECT_NO_THROW(chk->verify_guards());
 }
 
 // An operation captured into a graph is checked at every replay, as a launched one is.

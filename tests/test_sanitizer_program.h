@@ -5,7 +5,7 @@
 //   side:              wait(fork)   -> shared_up -> shared_down  -> record(join)
 //
 // x, the workspace and the outputs are announced with notify_alloc, so uninitialised reads are tracked. Under
-// a PoisonScope (run_fuzzed) each stream fills its scratch and outputs with NaN before using them.
+// run_fuzzed's Poisoner each stream fills its scratch and outputs with NaN before using them.
 #pragma once
 
 #include <cstring>
@@ -51,14 +51,14 @@ class MiniLayer {
     float* x = x_.data();
     float* ws_main = ws_.data();
     float* ws_side = bugs.shared_workspace ? ws_.data() : ws_.data() + kElems;
-    rt::poison_before_reuse(main, ws_main, kBytes, "main scratch");
-    rt::poison_before_reuse(main, routed_.data(), kBytes, "routed output");
+    dev_.notify_reuse(main, ws_main, kBytes, "main scratch");
+    dev_.notify_reuse(main, routed_.data(), kBytes, "routed output");
     main.launch(rows("produce_x", {rt::writes(x, kBytes)}, [x](int i) { x[i] = 0.25f * static_cast<float>(i % 13) - 1.0f; }));
     rt::Event fork, join;
     main.record(fork);
     if (!bugs.no_fork_wait) side.wait(fork);
-    rt::poison_before_reuse(side, ws_side, kBytes, "side scratch");
-    rt::poison_before_reuse(side, shared_.data(), kBytes, "shared output");
+    dev_.notify_reuse(side, ws_side, kBytes, "side scratch");
+    dev_.notify_reuse(side, shared_.data(), kBytes, "shared output");
     int up_rows = bugs.partial_scratch ? kTokens / 2 : kTokens;
     side.launch(rows_n("shared_up", up_rows, {rt::reads(x, kBytes), rt::writes(ws_side, up_rows * kHidden * sizeof(float))},
                        [x, ws_side](int i) { ws_side[i] = 2.0f * x[i] + 1.0f; }));

@@ -82,21 +82,26 @@ TEST(ScheduleFuzz, BodyErrorsAreFailures) {
   EXPECT_TRUE(mentions(o, "threw: boom")) << o.summary();
 }
 
-TEST(Poison, FillsNaNOnTheStreamAndOnlyInScope) {
+TEST(Poison, FillsNaNOnTheStreamOnlyWithThePoisoner) {
   auto dev = make_cpu_device({.num_workers = 1});
   Stream s = dev->default_stream();
   std::vector<float> v(8, 1.0f);
-  poison_before_reuse(s, v.data(), v.size() * sizeof(float));
+  dev->notify_reuse(s, v.data(), v.size() * sizeof(float), "v");
   s.synchronize();
-  EXPECT_EQ(v[0], 1.0f);  // off outside a scope
-  {
-    PoisonScope scope;
-    EXPECT_TRUE(poisoning_enabled());
-    poison_before_reuse(s, v.data(), v.size() * sizeof(float));
-    s.synchronize();
-  }
-  EXPECT_FALSE(poisoning_enabled());
+  EXPECT_EQ(v[0], 1.0f);  // nothing happens without an interposer
+  auto poisoner = std::make_shared<Poisoner>();
+  dev->add_interposer(poisoner);
+  dev->notify_reuse(s, v.data(), v.size() * sizeof(float), "v");
+  s.synchronize();
   for (float f : v) EXPECT_TRUE(std::isnan(f));
+  std::vector<float> fresh(4, 1.0f);
+  dev->notify_alloc(fresh.data(), fresh.size() * sizeof(float));  // fresh memory: poisoned at once
+  for (float f : fresh) EXPECT_TRUE(std::isnan(f));
+  dev->remove_interposer(poisoner.get());
+  std::fill(v.begin(), v.end(), 1.0f);
+  dev->notify_reuse(s, v.data(), v.size() * sizeof(float), "v");
+  s.synchronize();
+  EXPECT_EQ(v[0], 1.0f);
   uint16_t bf16 = 0;
   poison_now(&bf16, sizeof bf16);
   EXPECT_EQ(bf16 & 0x7F80, 0x7F80);  // exponent all ones, mantissa non-zero: NaN in bf16 (and f16)

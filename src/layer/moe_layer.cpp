@@ -5,7 +5,6 @@
 
 #include "layer/dispatch.h"
 #include "layer/routing.h"
-#include "runtime/schedule_fuzz.h"
 
 namespace moe {
 
@@ -176,11 +175,12 @@ void MoeLayer::replay(const LayerGraph& g, const float* x, int64_t tokens, float
 }
 
 void MoeLayer::enqueue(Schedule s, const ops::Context& c, rt::Stream& main, bool check, Events& ev) {
-  // Under schedule fuzzing the workspaces change hands with NaN in them, so a read of scratch that this call
-  // did not write changes the output. On main, before the fork: the side stream's use is ordered after it,
-  // and the previous call's side work is ordered before it by that call's join. One atomic load otherwise.
-  rt::poison_before_reuse(main, routed_ws_.data(), routed_ws_.size(), "routed workspace");
-  rt::poison_before_reuse(main, shared_ws_.data(), shared_ws_.size(), "shared workspace");
+  // The workspaces change hands here: a checking mode (the schedule fuzzer's Poisoner) fills them with NaN,
+  // so that a read of scratch this call did not write changes the output. On main, before the fork: the side
+  // stream's use is ordered after it, and the previous call's side work is ordered before it by that call's
+  // join.
+  device_.notify_reuse(main, routed_ws_.data(), routed_ws_.size(), "routed workspace");
+  device_.notify_reuse(main, shared_ws_.data(), shared_ws_.size(), "shared workspace");
   switch (s) {
     case Schedule::kSerial: enqueue_serial(c, main, check); break;
     case Schedule::kDual: enqueue_dual(c, main, check, ev); break;

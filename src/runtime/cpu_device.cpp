@@ -212,12 +212,30 @@ void CpuCore::synchronize_stream(StreamImpl& si) {
   auto& s = static_cast<CpuStream&>(si);
   std::unique_lock<std::mutex> lk(mu_);
   wait_until(lk, [&s] { return s.queue.empty(); });
-  if (s.error) {
-    s.error = false;
-    std::string msg = std::move(s.error_message);
-    s.error_message.clear();
-    throw StreamError(msg);
+  if (s.error) throw_error(s);
+}
+
+namespace {
+void clear_error(CpuStream& s) {
+  s.cleared = std::move(s.error);
+  s.cleared_from = s.error_from;
+  s.cleared_to = s.completed.load(std::memory_order_relaxed);
+  s.error.reset();
+}
+}  // namespace
+
+void CpuCore::throw_error(CpuStream& s) {
+  std::shared_ptr<const CpuFailure> f = s.error;
+  std::string msg = f->message;
+  if (f->origin != &s) {
+    msg += " (reached stream '" + s.name + "' through its event wait at position " + std::to_string(s.error_via) + ")";
   }
+  // Reported once: every stream that holds it (the one it failed on, those that inherited it) is cleared,
+  // else their later work (the next call's share of a fork/join) would be skipped and fail every later call.
+  // A wait on a position they skipped still inherits it (the cleared span).
+  for (auto& o : streams_)
+    if (o->error == f) clear_error(*o);
+  throw StreamError(msg);
 }
 
 void CpuCore::wait_host(StreamImpl& s, uint64_t seq) {
@@ -235,14 +253,17 @@ bool CpuCore::all_idle() const {
 void CpuCore::synchronize_all() {
   std::unique_lock<std::mutex> lk(mu_);
   wait_until(lk, [this] { return all_idle(); });
+  // Every stream is reported to: the first error is thrown, the others are cleared with it.
+  CpuStream* first = nullptr;
   for (const auto& s : streams_) {
-    if (s->error) {
-      s->error = false;
-      std::string msg = std::move(s->error_message);
-      s->error_message.clear();
-      throw StreamError(msg);
+    if (!s->error) continue;
+    if (first == nullptr) {
+      first = s.get();
+    } else {
+      clear_error(*s);
     }
   }
+  if (first != nullptr) throw_error(*first);
 }
 
 void CpuCore::set_tracing(bool on) {
@@ -302,9 +323,20 @@ class CpuDevice final : public Device {
     auto& v = core_->observers;
     v.erase(std::remove_if(v.begin(), v.end(), [&](const auto& o) { return o.get() == observer; }), v.end());
   }
-  void notify_alloc(const void* p, size_t bytes) override;
+  void add_interposer(std::shared_ptr<Interposer> interposer) override {
+    if (!interposer) throw std::invalid_argument("Device::add_interposer: null interposer");
+    core_->interposers.push_back(std::move(interposer));
+  }
+  void remove_interposer(const Interposer* interposer) override {
+    auto& v = core_->interposers;
+    v.erase(std::remove_if(v.begin(), v.end(), [&](const auto& i) { return i.get() == interposer; }), v.end());
+  }
+  void notify_alloc(void* p, size_t bytes) override;
   void notify_free(const void* p, size_t bytes) override {
     for (auto& o : core_->observers) o->on_free(p, bytes);
+  }
+  void notify_reuse(Stream& s, void* p, size_t bytes, const char* what) override {
+    for (auto& i : core_->interposers) i->on_reuse(s, p, bytes, what);
   }
 
  private:
@@ -321,12 +353,13 @@ class CpuDevice final : public Device {
   std::map<std::string, Stream> tags_;
 };
 
-void CpuDevice::notify_alloc(const void* p, size_t bytes) {
+void CpuDevice::notify_alloc(void* p, size_t bytes) {
   if (core_->active_capture) {
     throw std::logic_error("Device::notify_alloc of " + std::to_string(bytes) +
                            " bytes during graph capture: allocate every buffer before begin_capture (a replay "
                            "reuses the captured pointers)");
   }
+  for (auto& i : core_->interposers) i->after_alloc(p, bytes);
   for (auto& o : core_->observers) o->on_alloc(p, bytes);
 }
 

@@ -76,11 +76,24 @@ struct PoolAllocator {
   friend bool operator==(const PoolAllocator& a, const PoolAllocator& b) { return a.pool == b.pool; }
 };
 
+// A failed operation, as reported: the message names the operation, its position and its stream.
+struct CpuFailure {
+  std::string message;
+  const StreamImpl* origin = nullptr;  // the stream it failed on
+};
+
 struct CpuStream : StreamImpl {
   BlockPool pool;  // before the queue: outlives it
   std::deque<CpuEntry, PoolAllocator<CpuEntry>> queue{PoolAllocator<CpuEntry>(&pool)};
-  bool error = false;  // set by a failed op; cleared when synchronize() reports it
-  std::string error_message;
+  // The error state: set by a failed op or inherited through a wait (error_via: the wait's position, 0 for
+  // the stream's own); cleared when synchronize() reports it. Entries completed while it is set are skipped.
+  std::shared_ptr<const CpuFailure> error;
+  uint64_t error_from = 0;  // the first position the error covers
+  uint64_t error_via = 0;
+  // The positions [cleared_from, cleared_to] that the last reported error covered: a wait evaluated after
+  // the report still inherits it when it waits on a skipped entry.
+  std::shared_ptr<const CpuFailure> cleared;
+  uint64_t cleared_from = 0, cleared_to = 0;
 };
 
 // What a worker took from the scheduler: one tile, or one poll() call.
@@ -125,6 +138,10 @@ class CpuCore : public DeviceCore {
   void finish_tile(const CpuWork& work, int worker, int64_t t0, int64_t t1, const std::string* error);
   void finish_poll(const CpuWork& work, bool done, const std::string* error);
   void fail(CpuStream& s, uint64_t seq, const std::string& op_name, const std::string& what);
+  // A satisfied wait at `seq` of `s` on position `wait_seq` of `from`: inherits from's error if that covers it.
+  void inherit_error(CpuStream& s, uint64_t seq, const CpuStream& from, uint64_t wait_seq);
+  // Reports s's error and clears it on every stream that holds it.
+  [[noreturn]] void throw_error(CpuStream& s);
   // Graph replay (cpu_graph.cpp).
   bool start_graph(CpuStream& s, CpuEntry& e);
   bool pick_graph(CpuStream& s, CpuEntry& e, CpuWork& work, int64_t now);

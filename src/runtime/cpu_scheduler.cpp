@@ -136,8 +136,25 @@ void CpuCore::run_work(const CpuWork& work, int worker, std::unique_lock<std::mu
 
 void CpuCore::fail(CpuStream& s, uint64_t seq, const std::string& op_name, const std::string& what) {
   if (s.error) return;  // the first error is the one reported
-  s.error = true;
-  s.error_message = describe_failure(s, seq, op_name, what);
+  s.error = std::make_shared<const CpuFailure>(CpuFailure{describe_failure(s, seq, op_name, what), &s});
+  s.error_from = seq;
+  s.error_via = 0;
+}
+
+// Every entry of `from` at or after error_from completed without running while the error was set (or while
+// the cleared one was, up to cleared_to), so a wait on such a position depends on the failed operation.
+void CpuCore::inherit_error(CpuStream& s, uint64_t seq, const CpuStream& from, uint64_t wait_seq) {
+  if (s.error) return;
+  std::shared_ptr<const CpuFailure> f;
+  if (from.error && from.error_from <= wait_seq) {
+    f = from.error;
+  } else if (from.cleared && from.cleared_from <= wait_seq && wait_seq <= from.cleared_to) {
+    f = from.cleared;
+  }
+  if (!f) return;
+  s.error = std::move(f);
+  s.error_from = seq;
+  s.error_via = seq;
 }
 
 void CpuCore::finish_tile(const CpuWork& work, int worker, int64_t t0, int64_t t1, const std::string* error) {
@@ -190,8 +207,9 @@ bool CpuCore::advance(CpuStream& s) {
     CpuEntry& e = s.queue.front();
     if (e.kind == CpuEntry::Kind::kWait) {
       if (e.wait_stream && e.wait_stream->completed.load(std::memory_order_acquire) < e.wait_seq) break;
-      if (tracing_ && e.wait_stream) {
-        trace_.edges.push_back(EdgeRecord{e.wait_stream->id, e.wait_seq, s.id, e.seq, now_ns()});
+      if (e.wait_stream) {
+        inherit_error(s, e.seq, static_cast<const CpuStream&>(*e.wait_stream), e.wait_seq);
+        if (tracing_) trace_.edges.push_back(EdgeRecord{e.wait_stream->id, e.wait_seq, s.id, e.seq, now_ns()});
       }
     } else if (e.kind == CpuEntry::Kind::kGraph) {
       if (e.started) break;

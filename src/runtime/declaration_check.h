@@ -1,5 +1,10 @@
-// A debug check that an operation writes only the bytes it declared, so that the sanitizer's input (the
-// declared accesses) can be trusted. Opt-in and slow: for tests.
+// A debug check that an operation writes only the bytes it declared, and reads only the registered bytes it
+// declared, so that the sanitizer's input (the declared accesses) can be trusted. Opt-in and slow: for tests.
+//
+// Reads (check_reads): before its real run, the operation runs twice more, once with every registered byte
+// outside its declared ranges set to 0x00 and once to 0xFF, the state restored after each; if what it writes
+// differs from the real run, its result depends on memory it did not declare, and that is reported. So an
+// operation runs three times under the check: host-side effects of its tiles (counters) triple too.
 //
 // How: every operation launched on the device is run as one tile that runs the original tiles in order (the
 // result is the same: tiles are independent), and around them the checker compares every registered buffer,
@@ -18,12 +23,13 @@
 //   ... launch ops ...; dev->synchronize();
 //   EXPECT_TRUE(chk->violations().empty());   // or: synchronize() throws StreamError naming the op
 //
-// Note: the wrap happens in Observer::on_launch, which receives the operation that the runtime then enqueues
-// (stream.cpp), and in Observer::on_capture for an operation recorded into a graph, which every replay then
-// checks; checked() is the explicit form for code that launches by hand.
+// The wrap happens in Interposer::before_launch, for an operation enqueued eagerly or recorded into a graph (every
+// replay then checks it); checked() is the explicit form for code that launches by hand. The buffers
+// announced with Device::notify_alloc arrive through the Observer side.
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -39,13 +45,16 @@ class DeclarationError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-class DeclarationChecker : public Observer, public std::enable_shared_from_this<DeclarationChecker> {
+class DeclarationChecker : public Interposer,
+                           public Observer,
+                           public std::enable_shared_from_this<DeclarationChecker> {
  public:
   static constexpr size_t kGuardBytes = 64;
   static constexpr unsigned char kGuardByte = 0xA5;
 
   // throw_in_op: a violation also throws DeclarationError from the wrapped op (synchronize() rethrows it).
-  explicit DeclarationChecker(bool throw_in_op = true);
+  // check_reads: also catch reads of undeclared registered memory (above).
+  explicit DeclarationChecker(bool throw_in_op = true, bool check_reads = true);
   ~DeclarationChecker() override;
 
   void add_buffer(const void* p, size_t bytes, std::string name);
@@ -56,12 +65,12 @@ class DeclarationChecker : public Observer, public std::enable_shared_from_this<
   void verify_guards() const;
   std::vector<std::string> violations() const;
 
-  // The explicit form: `op` wrapped to check itself (what on_launch does to every operation).
+  // The explicit form: `op` wrapped to check itself (what before_launch does to every operation).
   Op checked(Op op, const std::string& stream_name);
 
-  void on_launch(const Stream& s, uint64_t seq, const Op& op) override;
-  // A captured operation is wrapped the same way, so that every replay of the graph checks it.
-  void on_capture(const Stream& s, const Op& op) override;
+  // Interposer: every operation, launched or captured, is wrapped to check itself.
+  void before_launch(const Stream& s, Op& op) override;
+  // Observer: announced buffers are registered while they live.
   void on_alloc(const void* p, size_t bytes) override;
   void on_free(const void* p, size_t bytes) override;
 
@@ -81,8 +90,11 @@ class DeclarationChecker : public Observer, public std::enable_shared_from_this<
   Snapshot take_snapshot(const AccessList& declared) const;
   void compare(const Snapshot& before, const std::string& op, const std::string& stream,
                const AccessList& declared);
+  void probe_reads(const Snapshot& before, const std::function<void()>& run, const std::string& op,
+                   const std::string& stream, const AccessList& declared);
 
   const bool throw_in_op_;
+  const bool check_reads_;
   mutable std::mutex mu_;
   std::vector<Buffer> buffers_;
   std::vector<Guarded> guarded_;
@@ -90,6 +102,7 @@ class DeclarationChecker : public Observer, public std::enable_shared_from_this<
 };
 
 // Registers a checker on `device` (which must have exactly one worker) and returns it.
-std::shared_ptr<DeclarationChecker> enable_declaration_check(Device& device, bool throw_in_op = true);
+std::shared_ptr<DeclarationChecker> enable_declaration_check(Device& device, bool throw_in_op = true,
+                                                             bool check_reads = true);
 
 }  // namespace moe::rt

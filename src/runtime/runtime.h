@@ -21,6 +21,18 @@
 //   - waiting on a never-recorded event is a no-op; query() of a never-recorded event is true;
 //   - every call here is asynchronous to the host except synchronize().
 //
+// Errors (a failure anywhere in a program reaches whoever waits for its result):
+//   - an operation whose tile or poll throws fails; its stream enters the error state and skips the
+//     operations after it (they never run on bad data) until the error is reported;
+//   - a stream that waits on an event recorded at or after a failed (or skipped) position inherits the
+//     error: in a fork/join, a failure on the side stream fails the main stream at the join, so the caller's
+//     synchronize() throws even though it never touched the side stream. CUDA makes such errors sticky for
+//     the whole context; here they stick along dependencies only, so unrelated streams go on;
+//   - synchronize() reports the error once (StreamError naming the failed operation, its position and its
+//     stream) and clears it on every stream that holds it, so the program runs again; a later wait on a
+//     position that was skipped still inherits it. A graph replay is one entry of the stream it was
+//     launched on: a failure in any of its nodes fails that stream.
+//
 // Priorities follow CUDA: a LOWER number is a HIGHER priority (kPriorityHigh = -1 < kPriorityDefault = 0).
 #pragma once
 
@@ -80,9 +92,13 @@ struct Op {
   TileFunction tile;
   std::function<bool()> poll;
   AccessList accesses;
+  // The operation writes garbage on purpose (a checking mode's NaN fill of reused memory): the sanitizer
+  // treats the bytes it writes as uninitialised afterwards.
+  bool fills_garbage = false;
 };
 
-// Raised by synchronize() when an operation on the stream threw. what() names the operation and the stream.
+// Raised by synchronize() when an operation the stream depends on threw: one of its own, or one on another
+// stream whose failure reached it through an event wait. what() names the operation and its stream.
 class StreamError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -110,13 +126,16 @@ class Stream {
   explicit Stream(std::shared_ptr<StreamImpl> impl) : impl_(std::move(impl)) {}
 
   // Enqueue an operation; returns at once. On a stream in the error state the operation is skipped.
+  //
+  // Errors follow the dependencies (see "Errors" above): an operation that throws puts its stream in the
+  // error state; a wait on an event recorded after the failure puts the waiting stream in the same state.
   void launch(Op op);
   void record(Event& event);
   void wait(const Event& event);
   // wait on a fresh event recorded on `other` now.
   void wait_stream(Stream& other);
-  // Blocks until all enqueued work is done. Rethrows the first error of this stream as StreamError (once;
-  // the stream is usable again afterwards).
+  // Blocks until all enqueued work is done. Rethrows the first error this stream holds as StreamError, its
+  // own or one inherited through a wait, once: afterwards every stream that held it is usable again.
   void synchronize();
   // True when all enqueued work is done.
   bool query() const;
@@ -207,6 +226,21 @@ class Observer {
   virtual void on_free(const void* p, size_t bytes) {}
 };
 
+// What a checking mode installs on a device to change what runs. Observers only watch; an interposer is
+// the one interface allowed to alter the program: the declaration check (declaration_check.h) wraps every
+// operation's tiles, the schedule fuzzer (schedule_fuzz.h) fills fresh and reused memory with NaN. Called on
+// the host thread in program order, before the observers, so they see what will run.
+class Interposer {
+ public:
+  virtual ~Interposer() = default;
+  // `op` is about to be enqueued on `s`, or captured into a graph on it; may rewrite it.
+  virtual void before_launch(const Stream& s, Op& op) {}
+  // A buffer announced with Device::notify_alloc, before its owner initialises it.
+  virtual void after_alloc(void* p, size_t bytes) {}
+  // Device::notify_reuse: the bytes change hands at this point of `s`'s program; may enqueue work on `s`.
+  virtual void on_reuse(Stream& s, void* p, size_t bytes, const char* what) {}
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -226,14 +260,22 @@ class Device {
   // Observers see every later API call on this device. Not thread-safe against concurrent API calls.
   virtual void add_observer(std::shared_ptr<Observer> observer) = 0;
   virtual void remove_observer(const Observer* observer) = 0;
-  // Buffer lifetimes reported to the observers by whoever owns the memory (workspaces, the layer's outputs).
-  virtual void notify_alloc(const void* p, size_t bytes) = 0;
+  // Interposers change later API calls on this device (see Interposer). Not thread-safe against concurrent
+  // API calls; none is installed unless a checking mode asks for it.
+  virtual void add_interposer(std::shared_ptr<Interposer> interposer) = 0;
+  virtual void remove_interposer(const Interposer* interposer) = 0;
+  // Buffer lifetimes reported to the observers and interposers by whoever owns the memory (workspaces,
+  // the layer's outputs).
+  virtual void notify_alloc(void* p, size_t bytes) = 0;
   virtual void notify_free(const void* p, size_t bytes) = 0;
+  // Memory that a new user takes over at this point of `s` (a layer's workspace at the start of a call,
+  // whatever the previous call left in it). Costs one empty-vector check without interposers.
+  virtual void notify_reuse(Stream& s, void* p, size_t bytes, const char* what) = 0;
 };
 
 std::unique_ptr<Device> make_cpu_device(const CpuDeviceOptions& options = {});
 
-// The scoped "current stream" of the calling thread (the `with stream(s):` of the seeds).
+// The scoped "current stream" of the calling thread (PyTorch's `with torch.cuda.stream(s):`).
 Stream current_stream(Device& device);  // the guard's stream, or the device's default stream
 class StreamGuard {
  public:

@@ -398,10 +398,9 @@ void Sanitizer::on_launch(const Stream& s, uint64_t seq, const Op& op) {
   Clock& c = streams_[si].clock;
   if (c.size() <= si) c.resize(si + 1, 0);
   c[si] = seq;
-  bool poison = op.name.starts_with(kPoisonOpPrefix);
   for (const Access& a : op.accesses) {
     cur.mode = a.mode;
-    apply_access(a, cur, poison);
+    apply_access(a, cur, op.fills_garbage);
   }
 }
 
@@ -513,7 +512,7 @@ void Sanitizer::on_graph_launch(const Stream& s, uint64_t seq, const GraphExec& 
     }
     for (const Access& a : node.op.accesses) {
       cur.mode = a.mode;
-      apply_access(a, cur, node.op.name.starts_with(kPoisonOpPrefix));
+      apply_access(a, cur, node.op.fills_garbage);
     }
   }
 }

@@ -51,9 +51,8 @@ enum class HazardKind : uint8_t {
 };
 const char* to_string(HazardKind kind);
 
-// An operation whose name starts with this (schedule_fuzz.h's launch_poison) writes garbage on purpose: it is
-// checked like any write, but leaves the bytes uninitialised.
-inline constexpr const char* kPoisonOpPrefix = "poison";
+// An operation with Op::fills_garbage (schedule_fuzz.h's launch_poison) is checked like any write, but
+// leaves the bytes it writes uninitialised.
 const char* to_string(AccessMode mode);
 
 // One side of a hazard. For the host, stream_id is -1 and stream_name "host".

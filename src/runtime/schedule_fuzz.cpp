@@ -1,15 +1,12 @@
 // Schedule fuzzing: the plan of fuzz settings, the runner that compares outputs, and NaN poisoning.
 #include "runtime/schedule_fuzz.h"
 
-#include <atomic>
 #include <cstdio>
 #include <exception>
 
 namespace moe::rt {
 
 namespace {
-
-std::atomic<int> g_poison_scopes{0};
 
 std::string hex_byte(std::byte b) {
   char buf[8];
@@ -34,13 +31,6 @@ std::string difference(const std::vector<std::byte>& ref, const std::vector<std:
          std::to_string(first) + " (" + hex_byte(got[first]) + ", expected " + hex_byte(ref[first]) + ")";
 }
 
-// Fills every allocation announced with Device::notify_alloc with NaN: a fresh workspace holds garbage, as it
-// would after a reuse, so that a read of bytes nobody wrote changes the output.
-class AllocPoisoner : public Observer {
- public:
-  void on_alloc(const void* p, size_t bytes) override { poison_now(const_cast<void*>(p), bytes); }
-};
-
 }  // namespace
 
 void poison_now(void* p, size_t bytes) {
@@ -49,18 +39,12 @@ void poison_now(void* p, size_t bytes) {
 
 void launch_poison(Stream& s, void* p, size_t bytes, const std::string& what) {
   if (p == nullptr || bytes == 0) return;
-  s.launch({.name = std::string(kPoisonOpPrefix) + ": " + what, .num_tiles = 1, .tile = [p, bytes](int) { poison_now(p, bytes); },
-            .accesses = {writes(p, bytes)}});
+  s.launch({.name = "poison: " + what,
+            .num_tiles = 1,
+            .tile = [p, bytes](int) { poison_now(p, bytes); },
+            .accesses = {writes(p, bytes)},
+            .fills_garbage = true});
 }
-
-bool poisoning_enabled() { return g_poison_scopes.load(std::memory_order_acquire) > 0; }
-
-void poison_before_reuse(Stream& s, void* p, size_t bytes, const char* what) {
-  if (poisoning_enabled()) launch_poison(s, p, bytes, what);
-}
-
-PoisonScope::PoisonScope() { g_poison_scopes.fetch_add(1, std::memory_order_acq_rel); }
-PoisonScope::~PoisonScope() { g_poison_scopes.fetch_sub(1, std::memory_order_acq_rel); }
 
 std::vector<FuzzSetting> fuzz_plan(const FuzzConfig& config) {
   std::vector<FuzzSetting> plan;
@@ -104,10 +88,8 @@ FuzzOutcome run_fuzzed(const FuzzBody& body, const FuzzConfig& config, const Dev
   bool have_reference = false;
   for (const FuzzSetting& setting : fuzz_plan(config)) {
     ++outcome.num_runs;
-    std::unique_ptr<PoisonScope> poison;
-    if (setting.poison) poison = std::make_unique<PoisonScope>();
     std::unique_ptr<Device> dev = make ? make(setting.options) : make_cpu_device(setting.options);
-    if (setting.poison) dev->add_observer(std::make_shared<AllocPoisoner>());
+    if (setting.poison) dev->add_interposer(std::make_shared<Poisoner>());
     std::shared_ptr<Sanitizer> san;
     if (config.sanitize) san = enable_sanitizer(*dev, {.throw_on_first = false});
     std::vector<std::byte> out;

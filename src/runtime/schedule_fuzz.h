@@ -13,12 +13,12 @@
 //   });
 //   EXPECT_TRUE(outcome.ok()) << outcome.summary();
 //
-// Poisoning (every run but the baseline): memory announced with Device::notify_alloc is filled with NaN at
-// once (announce before initialising), and code that owns scratch memory may call
-// poison_before_reuse(stream, p, bytes) where the memory changes hands (a workspace at the start of a call, a
-// freed output). That is a no-op unless a PoisonScope is alive (run_fuzzed opens one); then it enqueues an
-// operation on `stream` that fills the bytes with 0xFF, a NaN in f32, bf16 and f16, declared as a write so
-// the sanitizer checks the hand-over too.
+// Poisoning (every run but the baseline): run_fuzzed installs a Poisoner (an Interposer) on the run's device.
+// Memory announced with Device::notify_alloc is filled with NaN at once (announce before initialising), and
+// memory that changes hands, announced with Device::notify_reuse(stream, p, bytes, what) (a workspace at the
+// start of a call, a freed output), is filled on that stream with 0xFF, a NaN in f32, bf16 and f16, by an
+// operation declared as a write (Op::fills_garbage) so that the sanitizer checks the hand-over too. Without
+// an interposer, notify_reuse costs one empty-vector check.
 #pragma once
 
 #include <cstddef>
@@ -38,21 +38,14 @@ inline constexpr unsigned char kPoisonByte = 0xFF;  // all-ones: a NaN in every 
 
 // Fills [p, p + bytes) with kPoisonByte now, on the host.
 void poison_now(void* p, size_t bytes);
-// Enqueues the fill on `s` (declared as a write; the op is named kPoisonOpPrefix + ": " + what, so that the
-// sanitizer treats the bytes as uninitialised afterwards), whatever the scope.
+// Enqueues the fill on `s` (declared as a write, Op::fills_garbage).
 void launch_poison(Stream& s, void* p, size_t bytes, const std::string& what = "scratch");
-// launch_poison when poisoning is on, else nothing (one atomic load, no allocation: `what` becomes a
-// string only when the fill is launched).
-void poison_before_reuse(Stream& s, void* p, size_t bytes, const char* what = "scratch");
-bool poisoning_enabled();
 
-// Turns poisoning on for its lifetime (process-wide; scopes nest).
-class PoisonScope {
+// The interposer that poisons: fresh allocations at once, reused memory on its stream.
+class Poisoner : public Interposer {
  public:
-  PoisonScope();
-  ~PoisonScope();
-  PoisonScope(const PoisonScope&) = delete;
-  PoisonScope& operator=(const PoisonScope&) = delete;
+  void after_alloc(void* p, size_t bytes) override { poison_now(p, bytes); }
+  void on_reuse(Stream& s, void* p, size_t bytes, const char* what) override { launch_poison(s, p, bytes, what); }
 };
 
 // One setting of the plan.

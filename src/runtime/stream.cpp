@@ -47,6 +47,7 @@ void Stream::launch(Op op) {
   check_op(op, s);
   if (!op.tile) op.num_tiles = 0;  // a pure polling op (check_op made sure it has poll): no tile to run
   auto core = lock_core(s);
+  for (auto& i : core->interposers) i->before_launch(*this, op);
   if (s.capture) {
     for (auto& o : core->observers) o->on_capture(*this, op);
     capture_launch(*core, impl_, std::move(op));

@@ -81,6 +81,7 @@ class DeviceCore {
 
   Device* device = nullptr;
   std::vector<std::shared_ptr<Observer>> observers;
+  std::vector<std::shared_ptr<Interposer>> interposers;
 
   // The capture in progress on this device, if any (graph.cpp). One at a time.
   std::shared_ptr<CaptureState> active_capture;
