@@ -67,6 +67,9 @@ MoeLayer::MoeLayer(const MoeConfig& config, const LayerWeights& weights, rt::Dev
     throw ConfigError("LayerOptions.max_tokens must be >= 1, got " + std::to_string(options_.max_tokens));
   if (config_.has_shared_expert()) side_ = device_.stream_for(options_.side_stream_tag, options_.side_priority);
   allocate_workspaces();
+  const std::vector<ForwardStep> steps = describe_forward(config_);
+  for (Schedule s : kRunnableSchedules)
+    plans_.push_back(s == Schedule::kSerial || config_.has_shared_expert() ? place(s, steps) : ForwardPlan{});
 }
 
 void MoeLayer::allocate_workspaces() {
@@ -88,8 +91,8 @@ void MoeLayer::allocate_workspaces() {
 
 MoeLayer::~MoeLayer() {
   // Wait for the last call's work without rethrowing its errors (they belong to whoever synchronizes the
-  // stream): eager side work precedes events_.join, and done_ is recorded after every call and replay.
-  events_.join.synchronize();
+  // stream): eager side work precedes the join, and done_ is recorded after every call and replay.
+  events_[kJoinEvent].synchronize();
   done_.synchronize();
   if (routed_ws_.data() != nullptr) device_.notify_free(routed_ws_.data(), routed_ws_.size());
   if (shared_ws_.data() != nullptr) device_.notify_free(shared_ws_.data(), shared_ws_.size());
@@ -129,7 +132,34 @@ void MoeLayer::forward(const float* x, int64_t tokens, float* y, const ForwardOp
   rt::Stream main = rt::current_stream(device_);
   const Schedule s =
       choose_schedule(config_, options_.policy, options.schedule, tokens, options.prefill, &options_.tuning).schedule;
-  enqueue(s, context(x, tokens, y), main, options.check_input, events_);
+  enqueue(plan(s), context(x, tokens, y), main, options.check_input, events_);
+  main.record(done_);
+}
+
+const ForwardPlan& MoeLayer::plan(Schedule s) const {
+  const size_t i = static_cast<size_t>(s);
+  if (i >= plans_.size() || plans_[i].actions.empty())
+    throw std::invalid_argument("MoeLayer::plan: no placement of schedule '" + std::string(schedule_name(s)) +
+                                "' for this layer (" + (config_.has_shared_expert() ? "auto is resolved first" : "no shared expert: serial only") + ")");
+  return plans_[i];
+}
+
+void MoeLayer::forward_plan(const ForwardPlan& p, const float* x, int64_t tokens, float* y, bool check_input) {
+  check_args(x, tokens, y);
+  if (tokens == 0) return;
+  ops::Context c = context(x, tokens, y);
+  if (p.shared_in_routed_workspace) {
+    Carver measure(nullptr);
+    carve_shared(measure, config_, tokens);
+    if (measure.size() > routed_ws_.size())
+      throw std::invalid_argument("MoeLayer::forward_plan: the shared buffers (" + std::to_string(measure.size()) +
+                                  " bytes) do not fit in the routed workspace (" + std::to_string(routed_ws_.size()) +
+                                  " bytes)");
+    Carver over(routed_ws_.as<char>());
+    c.shared = carve_shared(over, config_, tokens);
+  }
+  rt::Stream main = rt::current_stream(device_);
+  enqueue(p, c, main, check_input, events_);
   main.record(done_);
 }
 
@@ -146,7 +176,7 @@ LayerGraph MoeLayer::capture(const float* x, int64_t tokens, float* y, const For
   Events ev;
   rt::begin_capture(main);
   try {
-    enqueue(g.decision_.schedule, context(x, tokens, y), main, options.check_input, ev);
+    enqueue(plan(g.decision_.schedule), context(x, tokens, y), main, options.check_input, ev);
   } catch (...) {
     try {
       rt::end_capture(main);
@@ -174,97 +204,38 @@ void MoeLayer::replay(const LayerGraph& g, const float* x, int64_t tokens, float
   main.record(done_);
 }
 
-void MoeLayer::enqueue(Schedule s, const ops::Context& c, rt::Stream& main, bool check, Events& ev) {
-  // The workspaces change hands here: a checking mode (the schedule fuzzer's Poisoner) fills them with NaN,
-  // so that a read of scratch this call did not write changes the output. On main, before the fork: the side
-  // stream's use is ordered after it, and the previous call's side work is ordered before it by that call's
-  // join.
-  device_.notify_reuse(main, routed_ws_.data(), routed_ws_.size(), "routed workspace");
-  device_.notify_reuse(main, shared_ws_.data(), shared_ws_.size(), "shared workspace");
-  switch (s) {
-    case Schedule::kSerial: enqueue_serial(c, main, check); break;
-    case Schedule::kDual: enqueue_dual(c, main, check, ev); break;
-    case Schedule::kPhased: enqueue_phased(c, main, check, ev); break;
-    case Schedule::kFused: enqueue_fused(c, main, check); break;
-    case Schedule::kAuto: throw std::logic_error("MoeLayer::enqueue: kAuto must be resolved by choose_schedule");
+void MoeLayer::reuse(rt::Stream& s, ForwardBuffer b, const ops::Context& c) {
+  const size_t t = static_cast<size_t>(c.tokens), h = static_cast<size_t>(config_.hidden);
+  switch (b) {
+    case ForwardBuffer::kRoutedWorkspace:
+      device_.notify_reuse(s, routed_ws_.data(), routed_ws_.size(), "routed workspace");
+      return;
+    case ForwardBuffer::kSharedWorkspace:
+      device_.notify_reuse(s, shared_ws_.data(), shared_ws_.size(), "shared workspace");
+      return;
+    case ForwardBuffer::kSharedOutput:
+      device_.notify_reuse(s, c.shared.out, t * h * sizeof(float), "shared output");
+      return;
   }
 }
 
-// Shared-expert ops are always enqueued before the routed ops they are meant to overlap with: a side stream
-// issued after the routed path has nothing left to overlap (vLLM #48223).
-
-// The whole routed path (router .. combine) and the whole shared branch (its gate .. down) on one stream
-// each; phased interleaves the same operations with its segment events instead.
-void MoeLayer::launch_routed(const ops::Context& c, rt::Stream& s) {
-  s.launch(ops::make_router_op(c));
-  s.launch(ops::make_topk_op(c));
-  s.launch(ops::make_dispatch_op(c));
-  s.launch(ops::make_experts_gate_up_op(c));
-  s.launch(ops::make_experts_down_op(c));
-  s.launch(ops::make_combine_op(c));
-}
-
-void MoeLayer::launch_shared(const ops::Context& c, rt::Stream& s) {
-  if (config_.shared_expert_gate) s.launch(ops::make_shared_gate_op(c));
-  s.launch(ops::make_shared_gate_up_op(c));
-  s.launch(ops::make_shared_act_op(c));
-  s.launch(ops::make_shared_down_op(c));
-}
-
-void MoeLayer::enqueue_serial(const ops::Context& c, rt::Stream& main, bool check) {
-  if (check) main.launch(ops::make_check_input_op(c));
-  launch_routed(c, main);
-  if (!config_.has_shared_expert()) return;
-  launch_shared(c, main);
-  main.launch(ops::make_sum_op(c));
-}
-
-void MoeLayer::enqueue_fused(const ops::Context& c, rt::Stream& main, bool check) {
-  if (check) main.launch(ops::make_check_input_op(c));
-  main.launch(ops::make_router_op(c));
-  main.launch(ops::make_topk_op(c));
-  main.launch(ops::make_dispatch_op(c));
-  main.launch(ops::make_fused_gate_up_op(c));
-  main.launch(ops::make_fused_down_op(c));
-  main.launch(ops::make_combine_op(c));
-  main.launch(ops::make_sum_op(c));
-}
-
-void MoeLayer::enqueue_dual(const ops::Context& c, rt::Stream& main, bool check, Events& ev) {
-  if (check) main.launch(ops::make_check_input_op(c));
-  main.record(ev.fork);  // x is ready once main gets here
-  side_.wait(ev.fork);
-  launch_shared(c, side_);
-  side_.record(ev.join);
-  launch_routed(c, main);
-  main.wait(ev.join);
-  main.launch(ops::make_sum_op(c));
-}
-
-void MoeLayer::enqueue_phased(const ops::Context& c, rt::Stream& main, bool check, Events& ev) {
-  if (check) main.launch(ops::make_check_input_op(c));
-  main.launch(ops::make_router_op(c));
-  // Segment 1 (gate linear + gate_up) during top-k and dispatch.
-  main.record(ev.phase[0]);
-  side_.wait(ev.phase[0]);
-  if (config_.shared_expert_gate) side_.launch(ops::make_shared_gate_op(c));
-  side_.launch(ops::make_shared_gate_up_op(c));
-  main.launch(ops::make_topk_op(c));
-  main.launch(ops::make_dispatch_op(c));
-  // Segment 2 (SiLU-and-multiply) during the expert compute.
-  main.record(ev.phase[1]);
-  side_.wait(ev.phase[1]);
-  side_.launch(ops::make_shared_act_op(c));
-  main.launch(ops::make_experts_gate_up_op(c));
-  main.launch(ops::make_experts_down_op(c));
-  // Segment 3 (down projection) during the combine.
-  main.record(ev.phase[2]);
-  side_.wait(ev.phase[2]);
-  side_.launch(ops::make_shared_down_op(c));
-  side_.record(ev.join);
-  main.launch(ops::make_combine_op(c));
-  main.wait(ev.join);
-  main.launch(ops::make_sum_op(c));
+// Runs a placement as it is. A reuse is where a checking mode's interposer (the schedule fuzzer's Poisoner)
+// fills the bytes with NaN, so that a read of scratch the call did not write changes the output.
+void MoeLayer::enqueue(const ForwardPlan& p, const ops::Context& c, rt::Stream& main, bool check, Events& ev) {
+  for (const PlacedAction& a : p.actions) {
+    rt::Stream& s = a.stream == StreamRole::kMain ? main : side_;
+    switch (a.kind) {
+      case PlacedAction::Kind::kLaunch: {
+        const ForwardStep& step = p.steps[a.step];
+        if (step.only_when_checking && !check) break;
+        s.launch((a.fused ? step.make_fused : step.make)(c));
+        break;
+      }
+      case PlacedAction::Kind::kRecord: s.record(ev[a.event]); break;
+      case PlacedAction::Kind::kWait: s.wait(ev[a.event]); break;
+      case PlacedAction::Kind::kReuse: reuse(s, a.buffer, c); break;
+    }
+  }
 }
 
 }  // namespace moe

@@ -1,5 +1,6 @@
-// The MoE feed-forward layer on the stream runtime, for every family of ../shared/docs/moe-spec.md, with the
-// serial / dual / phased / fused schedules of layer/schedule.h.
+// The MoE feed-forward layer on the stream runtime, for every family of docs/model-families.md, with the
+// serial / dual / phased / fused schedules of layer/schedule.h, each a placement of one description of the
+// forward (layer/forward_plan.h).
 //
 // Example:
 //   auto dev = moe::rt::make_cpu_device({.num_workers = 2});
@@ -7,6 +8,10 @@
 //   moe::MoeLayer layer(config, w, *dev, {.max_tokens = 64});
 //   layer.forward(x, tokens, y, {.schedule = moe::Schedule::kDual});   // enqueued on current_stream(*dev)
 //   moe::rt::current_stream(*dev).synchronize();                        // y is ready; rethrows op errors
+//
+// A failure in any operation of a call, on either stream, reaches the caller's stream (runtime.h, "Errors"):
+// synchronize() throws StreamError naming the operation and its stream, and y is not valid; the layer stays
+// usable for the next call.
 //
 // Contract:
 //   - forward() enqueues on the caller's current stream and returns without waiting (like a GPU layer). x must
@@ -21,7 +26,9 @@
 //     Its priority defaults to the main stream's (kPriorityDefault): the routed path is the critical path
 //     (a chain of ops with few tiles at decode), and the shared expert should fill the workers it leaves idle,
 //     not take them from it; on CUDA the default is also the lowest priority, so the side stream cannot be
-//     placed below it. The priority applies where the tag's stream is first created.
+//     placed below it. The priority applies where the tag's stream is first created. The default tag "11"
+//     is the one the serving recipes this layer follows use for the shared expert's stream: any layer that
+//     asks for it gets the same stream, so a model of many layers still has one side stream.
 #pragma once
 
 #include <array>
@@ -29,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "layer/forward_plan.h"
 #include "layer/ops/ops.h"
 #include "layer/schedule.h"
 #include "model/config.h"
@@ -40,8 +48,10 @@
 namespace moe {
 
 struct LayerOptions {
-  int64_t max_tokens = 512;                           // workspaces are sized for this many tokens
-  OverlapPolicy policy = OverlapPolicy::from_env();   // when multi-stream schedules fall back to serial
+  int64_t max_tokens = 512;  // workspaces are sized for this many tokens
+  // When multi-stream schedules fall back to serial. A program that follows the serving engines' environment
+  // switches passes OverlapPolicy::from_env() here (the tools do); the default reads nothing.
+  OverlapPolicy policy;
   std::string side_stream_tag = "11";
   int side_priority = rt::kPriorityDefault;
   TuningTable tuning;  // resolves Schedule::kAuto; empty: auto runs serial
@@ -105,6 +115,14 @@ class MoeLayer {
   // The schedule forward() runs for these options and token count, and why it differs from the request.
   ScheduleDecision effective_schedule(const ForwardOptions& options, int64_t tokens) const;
 
+  // The placement forward() enqueues for a schedule (kSerial, and with a shared expert kDual, kPhased and
+  // kFused); std::invalid_argument otherwise.
+  const ForwardPlan& plan(Schedule s) const;
+  // The checking interface: enqueues `plan` (this layer's placement, possibly altered by a checker to plant
+  // a fault, check/planted_faults.h) instead of a schedule's own, with the same argument checks as forward().
+  // The overlap policies do not apply. Not for serving: forward() is.
+  void forward_plan(const ForwardPlan& plan, const float* x, int64_t tokens, float* y, bool check_input = false);
+
   const MoeConfig& config() const { return config_; }
   const LayerOptions& options() const { return options_; }
   int64_t max_tokens() const { return options_.max_tokens; }
@@ -113,21 +131,13 @@ class MoeLayer {
   size_t workspace_bytes() const { return routed_ws_.size() + shared_ws_.size(); }
 
  private:
-  // The events of one call's fork/join. Eager calls use the members; a capture uses its own, so that the
+  // The events of one call (ForwardEvent). Eager calls use the member; a capture uses its own, so that the
   // destructor never synchronizes an event recorded inside a capture.
-  struct Events {
-    rt::Event fork, join;
-    std::array<rt::Event, 3> phase;
-  };
+  using Events = std::array<rt::Event, kNumForwardEvents>;
   void check_args(const float* x, int64_t tokens, const float* y) const;
   ops::Context context(const float* x, int64_t tokens, float* y) const;
-  void enqueue(Schedule s, const ops::Context& c, rt::Stream& main, bool check, Events& ev);
-  void launch_routed(const ops::Context& c, rt::Stream& s);
-  void launch_shared(const ops::Context& c, rt::Stream& s);
-  void enqueue_serial(const ops::Context& c, rt::Stream& main, bool check);
-  void enqueue_dual(const ops::Context& c, rt::Stream& main, bool check, Events& ev);
-  void enqueue_phased(const ops::Context& c, rt::Stream& main, bool check, Events& ev);
-  void enqueue_fused(const ops::Context& c, rt::Stream& main, bool check);
+  void enqueue(const ForwardPlan& plan, const ops::Context& c, rt::Stream& main, bool check, Events& ev);
+  void reuse(rt::Stream& s, ForwardBuffer b, const ops::Context& c);
   void allocate_workspaces();
 
   MoeConfig config_;
@@ -139,6 +149,7 @@ class MoeLayer {
   HostBuffer shared_ws_;
   ops::RoutedBuffers routed_;
   ops::SharedBuffers shared_;
+  std::vector<ForwardPlan> plans_;  // indexed by Schedule, built at construction (serial only without shared)
   Events events_;
   rt::Event done_;  // recorded at the end of every eager call and replay
 };

@@ -267,8 +267,9 @@ void run_bench(const BenchOptions& o) {
                     "4 KiB pages make one worker decode about 10% slower here, a fifth about 5%); --reread drops the "
                     "cached pages and reads the file anew in 2 MiB pages";
   const int64_t max_tokens = std::max<int64_t>(1, *std::max_element(token_counts.begin(), token_counts.end()));
-  LayerOptions lo{.max_tokens = max_tokens, .tuning = read_tuning_file(o.model.tuning)};
-  if (o.no_policy) lo.policy = OverlapPolicy::always();
+  LayerOptions lo{.max_tokens = max_tokens,
+                  .policy = o.no_policy ? OverlapPolicy::always() : OverlapPolicy::from_env(),
+                  .tuning = read_tuning_file(o.model.tuning)};
   MoeLayer layer(m.config, m.weights, *dev, lo);
   rt::Stream main = rt::current_stream(*dev);
   std::vector<float> y(static_cast<size_t>(max_tokens * m.config.hidden));

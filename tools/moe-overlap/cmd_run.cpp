@@ -41,7 +41,9 @@ void run_run(const RunOptions& o) {
   std::vector<float> y(static_cast<size_t>(tokens * h));
   auto dev = rt::make_cpu_device({.num_workers = o.threads});
   MoeLayer layer(m.config, m.weights, *dev,
-                 {.max_tokens = std::max<int64_t>(tokens, 1), .tuning = read_tuning_file(o.model.tuning)});
+                 {.max_tokens = std::max<int64_t>(tokens, 1),
+                  .policy = OverlapPolicy::from_env(),
+                  .tuning = read_tuning_file(o.model.tuning)});
   const ForwardOptions fo{.schedule = schedule, .prefill = o.prefill, .check_input = true};
   const ScheduleDecision d = layer.effective_schedule(fo, tokens);
   const auto t0 = std::chrono::steady_clock::now();

@@ -31,7 +31,9 @@ void run_trace(const TraceOptions& o) {
   std::vector<float> y(x.size());
   auto dev = rt::make_cpu_device({.num_workers = o.threads});
   MoeLayer layer(m.config, m.weights, *dev,
-                 {.max_tokens = std::max<int64_t>(o.tokens, 1), .tuning = read_tuning_file(o.model.tuning)});
+                 {.max_tokens = std::max<int64_t>(o.tokens, 1),
+                  .policy = OverlapPolicy::from_env(),
+                  .tuning = read_tuning_file(o.model.tuning)});
   const ForwardOptions fo{.schedule = schedule, .prefill = o.prefill};
   rt::Stream main = rt::current_stream(*dev);
   LayerGraph graph;
