@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "layer/moe_layer.h"
-#include "layer/tiny_configs.h"
+#include "check/tiny_configs.h"
 #include "runtime/runtime.h"
 #include "runtime/sanitizer.h"
 

@@ -16,8 +16,8 @@
 #include "kernels/linear.h"
 #include "layer/moe_layer.h"
 #include "layer_test_inputs.h"
-#include "layer/reference.h"
-#include "layer/tiny_configs.h"
+#include "check/reference.h"
+#include "check/tiny_configs.h"
 
 namespace moe {
 namespace {

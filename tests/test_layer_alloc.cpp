@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "layer/moe_layer.h"
-#include "layer/tiny_configs.h"
+#include "check/tiny_configs.h"
 #include "layer_test_inputs.h"
 #include "runtime/small_function.h"
 #include "runtime/small_vector.h"

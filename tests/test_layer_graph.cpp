@@ -9,7 +9,7 @@
 
 #include "layer/moe_layer.h"
 #include "layer_test_inputs.h"
-#include "layer/tiny_configs.h"
+#include "check/tiny_configs.h"
 
 namespace moe {
 namespace {

@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "layer/reference.h"
+#include "check/reference.h"
 #include "layer/routing.h"
 
 namespace moe {

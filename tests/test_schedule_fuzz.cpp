@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "layer/moe_layer.h"
-#include "layer/tiny_configs.h"
+#include "check/tiny_configs.h"
 
 namespace moe {
 namespace {

@@ -149,13 +149,16 @@ void MoeLayer::forward_plan(const ForwardPlan& p, const float* x, int64_t tokens
   if (tokens == 0) return;
   ops::Context c = context(x, tokens, y);
   if (p.shared_in_routed_workspace) {
+    // Over the routed path's gathered rows (floats only: a fault that corrupts values, not indices).
+    char* at = reinterpret_cast<char*>(routed_.xg);
+    const size_t room = routed_ws_.size() - static_cast<size_t>(at - routed_ws_.as<char>());
     Carver measure(nullptr);
     carve_shared(measure, config_, tokens);
-    if (measure.size() > routed_ws_.size())
+    if (measure.size() > room)
       throw std::invalid_argument("MoeLayer::forward_plan: the shared buffers (" + std::to_string(measure.size()) +
-                                  " bytes) do not fit in the routed workspace (" + std::to_string(routed_ws_.size()) +
+                                  " bytes) do not fit over the routed workspace's rows (" + std::to_string(room) +
                                   " bytes)");
-    Carver over(routed_ws_.as<char>());
+    Carver over(at);
     c.shared = carve_shared(over, config_, tokens);
   }
   rt::Stream main = rt::current_stream(device_);

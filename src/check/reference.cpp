@@ -1,4 +1,4 @@
-#include "layer/reference.h"
+#include "check/reference.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // An independent, deliberately plain fp64 reference of the whole MoE layer for every family of
-// ../shared/docs/moe-spec.md. It shares no helper with the fast path (own routing, own loops); weights are
+// docs/model-families.md. It shares no helper with the fast path (own routing, own loops); weights are
 // read element by element with weight_at(), so f32, bf16 and fp8 weights enter as the exact fp32 values the
 // kernels see, and the only differences from the fast path are fp32 vs fp64 arithmetic.
 //

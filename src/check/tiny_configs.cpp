@@ -1,4 +1,4 @@
-#include "layer/tiny_configs.h"
+#include "check/tiny_configs.h"
 
 namespace moe {
 
