@@ -1,5 +1,5 @@
 // Fast-path routing of one token: fp32 router logits -> (expert ids, weights) for its k slots, per
-// ../shared/docs/moe-spec.md section 3. Called from inside the "topk" operation's tiles: no allocation,
+// docs/model-families.md, "Routing per family". Called from inside the "topk" operation's tiles: no allocation,
 // no throw; the caller hands each token its own scratch.
 //
 // Slot order (the order the combine sums in): selection order, i.e. selected score descending, ties broken

@@ -1,5 +1,5 @@
 // The layer's schedules (how the shared expert is placed against the routed path) and the overlap policies
-// that can force a call back to `serial`. See ../shared/docs/design.md, "The layer and its schedules".
+// that can force a call back to `serial`. Each is a placement of the forward's one description (forward_plan.h).
 //
 //   serial: every operation on the caller's stream.
 //   dual:   form A. Fork after the input is ready; the whole shared expert (and its gate) on the side stream;
@@ -52,7 +52,7 @@ struct TuningTable {
 
 // When a multi-stream schedule falls back to serial. Every field is an explicit argument; from_env() only
 // supplies the defaults:
-//   MOE_OVERLAP_MULTI_STREAM    0/1, default 1  (the switch of the seeds: 0 = always serial)
+//   MOE_OVERLAP_MULTI_STREAM    0/1, default 1  (the recipes' on/off switch: 0 = always serial)
 //   MOE_OVERLAP_DECODE_ONLY     0/1, default 1  (a call marked prefill stays serial, as form A does)
 //   MOE_OVERLAP_TOKEN_THRESHOLD integer >= 0, default 256 (more tokens than this: serial; 0 = no limit;
 //                               256 is vLLM's VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD)

@@ -1,4 +1,4 @@
-// The MoE layer's configuration: one struct for every family of ../shared/docs/moe-spec.md, filled from a
+// The MoE layer's configuration: one struct for every family of docs/model-families.md, filled from a
 // Hugging Face config.json (io/hf_config.h) or from a built-in preset (presets()).
 #pragma once
 
