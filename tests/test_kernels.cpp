@@ -78,24 +78,20 @@ std::vector<float> make_x(int64_t M, int64_t ldx, uint32_t seed) {
   return x;
 }
 
+// Every kernel test runs on each ISA this CPU has; the ISA is an argument of every kernel call.
 class KernelIsa : public ::testing::TestWithParam<Isa> {
  protected:
   void SetUp() override {
     if (!isa_supported(GetParam())) GTEST_SKIP() << isa_name(GetParam()) << " not available here";
-    saved_ = active_isa();
-    set_active_isa(GetParam());
   }
-  void TearDown() override {
-    if (isa_supported(GetParam())) set_active_isa(saved_);
-  }
-  Isa saved_ = Isa::kScalar;
+  Isa isa() const { return GetParam(); }
 };
 
 constexpr DType kDTypes[] = {DType::kF32, DType::kBF16, DType::kF8E4M3};
 
 // y vs an fp64 dot product of the same fp32 weights, with an fp32-summation error bound; columns outside
 // [n0, n1) and the padding beyond N must stay untouched.
-void check_against_reference(DType dt, int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+void check_against_reference(Isa isa, DType dt, int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
   SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " M=" << M << " N=" << N << " K=" << K << " range=["
                                     << n0 << "," << n1 << ")");
   const TestWeight w = make_weight(dt, N, K, static_cast<uint32_t>(M * 131 + N * 7 + K));
@@ -103,8 +99,8 @@ void check_against_reference(DType dt, int64_t M, int64_t N, int64_t K, int64_t 
   const std::vector<float> x = make_x(M, ldx, static_cast<uint32_t>(K));
   constexpr float kSentinel = -12345.0f;
   std::vector<float> y(static_cast<size_t>(M * ldy), kSentinel);
-  linear(x.data(), M, ldx, w.view, n0, n1, y.data(), ldy);
-  const bool bf16_inputs = active_isa() == Isa::kAvx512Bf16 && dt != DType::kF32;
+  linear(isa, x.data(), M, ldx, w.view, n0, n1, y.data(), ldy);
+  const bool bf16_inputs = isa == Isa::kAvx512Bf16 && dt != DType::kF32;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < ldy; ++n) {
       const float got = y[m * ldy + n];
@@ -126,20 +122,20 @@ void check_against_reference(DType dt, int64_t M, int64_t N, int64_t K, int64_t 
 
 TEST_P(KernelIsa, MatchesFp64ReferenceOddSizes) {
   for (DType dt : kDTypes) {
-    for (int64_t K : {1, 7, 16, 33, 129, 300}) check_against_reference(dt, 3, 13, K, 0, 13);
-    for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 37}) check_against_reference(dt, M, 11, 100, 0, 11);
-    check_against_reference(dt, 5, 19, 64, 3, 17);  // sub-range with both tails
+    for (int64_t K : {1, 7, 16, 33, 129, 300}) check_against_reference(isa(), dt, 3, 13, K, 0, 13);
+    for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 37}) check_against_reference(isa(), dt, M, 11, 100, 0, 11);
+    check_against_reference(isa(), dt, 5, 19, 64, 3, 17);  // sub-range with both tails
   }
 }
 
 TEST_P(KernelIsa, Fp8BlockScalesAcrossBlocks) {
   // Several 128x128 scale blocks in both directions, a range that starts inside the second row block.
-  check_against_reference(DType::kF8E4M3, 6, 300, 391, 0, 300);
-  check_against_reference(DType::kF8E4M3, 2, 300, 391, 130, 261);
-  check_against_reference(DType::kF8E4M3, 7, 20, 1100, 0, 20);  // several 512-column panels and a tail
+  check_against_reference(isa(), DType::kF8E4M3, 6, 300, 391, 0, 300);
+  check_against_reference(isa(), DType::kF8E4M3, 2, 300, 391, 130, 261);
+  check_against_reference(isa(), DType::kF8E4M3, 7, 20, 1100, 0, 20);  // several 512-column panels and a tail
   // Rows longer than 1 KiB at 5-8 tokens (one-pass blocks of 4 and 3 rows on AVX-512), with row ranges
   // that leave rows over for the narrower blocks.
-  for (int64_t M : {5, 6, 7, 8}) check_against_reference(DType::kF8E4M3, M, 23, 1100, 1, 23);
+  for (int64_t M : {5, 6, 7, 8}) check_against_reference(isa(), DType::kF8E4M3, M, 23, 1100, 1, 23);
 }
 
 // Every fp8 code through the kernel: token m is the one-hot x selecting column m of a single row, so y[m] is
@@ -162,13 +158,13 @@ TEST_P(KernelIsa, Fp8DecodesEveryCodeExactly) {
   std::vector<float> x(K * K, 0.0f), y(K);
   for (int64_t m = 0; m < K; ++m) x[m * K + m] = 1.0f;
   std::vector<float> scale_list = {0.25f, 0x1p-22f, 0x1p7f, 0x1p101f};
-  if (!rounds_x_to_bf16(active_isa(), DType::kF8E4M3)) scale_list.insert(scale_list.end(), {0.0123f, 3e-7f, 100.0f, 200.0f, 2e30f});
+  if (!rounds_x_to_bf16(isa(), DType::kF8E4M3)) scale_list.insert(scale_list.end(), {0.0123f, 3e-7f, 100.0f, 200.0f, 2e30f});
   for (float scale : scale_list) {
     const float scales[4] = {scale, scale, scale, scale};  // four 128-column blocks
     w.scale_inv = scales;
     for (int64_t M : {int64_t{1}, K}) {  // one token (decoded as read) and all (decoded into panels)
       std::fill(y.begin(), y.end(), -1.0f);
-      for (int64_t m = 0; m < K; m += M) linear(x.data() + m * K, M, K, w, 0, 1, y.data() + m, 1);
+      for (int64_t m = 0; m < K; m += M) linear(isa(), x.data() + m * K, M, K, w, 0, 1, y.data() + m, 1);
       for (int64_t c = 0; c < K; ++c)
         ASSERT_EQ(y[c], fp8e4m3_to_f32(codes[c]) * scale) << "code " << int{codes[c]} << " scale " << scale << " M=" << M;
     }
@@ -176,18 +172,18 @@ TEST_P(KernelIsa, Fp8DecodesEveryCodeExactly) {
 }
 
 TEST_P(KernelIsa, LongRowsAtDecodeShapes) {
-  check_against_reference(DType::kBF16, 1, 9, 2048, 0, 9);
-  check_against_reference(DType::kBF16, 33, 6, 2051, 0, 6);  // two token macro-blocks
+  check_against_reference(isa(), DType::kBF16, 1, 9, 2048, 0, 9);
+  check_against_reference(isa(), DType::kBF16, 33, 6, 2051, 0, 6);  // two token macro-blocks
   // 1-8 tokens on rows of 1 KiB (a down projection): 2-row blocks streaming several blocks ahead (the
   // bf16-dot path takes them for up to 8 tokens in one pass, the exact path for 1-2), 4-row short_rows
   // for 5-8 on the exact path.
   for (int64_t M : {1, 2, 3, 5, 6, 7, 8}) {
-    check_against_reference(DType::kBF16, M, 21, 512, 0, 21);
-    check_against_reference(DType::kF32, M, 13, 300, 3, 12);
+    check_against_reference(isa(), DType::kBF16, M, 21, 512, 0, 21);
+    check_against_reference(isa(), DType::kF32, M, 13, 300, 3, 12);
   }
   // 3-8 tokens on rows of 4 KiB (a gate or up projection): wide_rows, and long_rows (4 rows, one pass)
   // for 5-6 on the exact path.
-  for (int64_t M : {3, 4, 5, 6, 7}) check_against_reference(DType::kBF16, M, 9, 2048, 1, 9);
+  for (int64_t M : {3, 4, 5, 6, 7}) check_against_reference(isa(), DType::kBF16, M, 9, 2048, 1, 9);
 }
 
 // The determinism contract: each row's bits are the same alone, in any batch, in any row range. (A single
@@ -202,15 +198,15 @@ TEST_P(KernelIsa, RowBitsIndependentOfBatchAndRange) {
     const TestWeight w = make_weight(dt, N, K, 99);
     const std::vector<float> x = make_x(M, K, 7);
     std::vector<float> full(M * N);
-    linear(x.data(), M, K, w.view, 0, N, full.data(), N);
+    linear(isa(), x.data(), M, K, w.view, 0, N, full.data(), N);
     // Every row alone, every column alone.
     for (int64_t m = 0; m < M; ++m) {
       std::vector<float> one(N);
-      linear(x.data() + m * K, 1, K, w.view, 0, N, one.data(), N);
+      linear(isa(), x.data() + m * K, 1, K, w.view, 0, N, one.data(), N);
       ASSERT_EQ(0, std::memcmp(one.data(), full.data() + m * N, N * sizeof(float))) << "row " << m;
       for (int64_t n = 0; n < N; n += 5) {
         std::vector<float> single(N, 0.0f);
-        linear(x.data() + m * K, 1, K, w.view, n, n + 1, single.data(), N);
+        linear(isa(), x.data() + m * K, 1, K, w.view, n, n + 1, single.data(), N);
         ASSERT_EQ(0, std::memcmp(&single[n], &full[m * N + n], sizeof(float))) << "m=" << m << " n=" << n;
       }
     }
@@ -220,7 +216,7 @@ TEST_P(KernelIsa, RowBitsIndependentOfBatchAndRange) {
         if (m0 + cnt > M) continue;
         for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, N}, {1, 9}, {5, 22}, {8, 12}}) {
           std::vector<float> part(cnt * N, 0.0f);
-          linear(x.data() + m0 * K, cnt, K, w.view, n0, n1, part.data(), N);
+          linear(isa(), x.data() + m0 * K, cnt, K, w.view, n0, n1, part.data(), N);
           for (int64_t m = 0; m < cnt; ++m)
             ASSERT_EQ(0, std::memcmp(part.data() + m * N + n0, full.data() + (m0 + m) * N + n0,
                                      (n1 - n0) * sizeof(float)))
@@ -238,13 +234,13 @@ TEST_P(KernelIsa, GateUpSiluEqualsUnfusedBitwise) {
     const TestWeight gate = make_weight(dt, I, K, 1), up = make_weight(dt, I, K, 2);
     const std::vector<float> x = make_x(M, K, 3);
     std::vector<float> g(M * I), u(M * I), want(M * I), got(M * I, 0.0f);
-    linear(x.data(), M, K, gate.view, 0, I, g.data(), I);
-    linear(x.data(), M, K, up.view, 0, I, u.data(), I);
-    silu_mul(g.data(), u.data(), want.data(), M * I);
-    gate_up_silu(x.data(), M, K, gate.view, up.view, 0, I, got.data(), I);
+    linear(isa(), x.data(), M, K, gate.view, 0, I, g.data(), I);
+    linear(isa(), x.data(), M, K, up.view, 0, I, u.data(), I);
+    silu_mul(isa(), g.data(), u.data(), want.data(), M * I);
+    gate_up_silu(isa(), x.data(), M, K, gate.view, up.view, 0, I, got.data(), I);
     ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
     std::vector<float> part(M * I, 0.0f);
-    gate_up_silu(x.data(), M, K, gate.view, up.view, 7, 131, part.data(), I);
+    gate_up_silu(isa(), x.data(), M, K, gate.view, up.view, 7, 131, part.data(), I);
     for (int64_t m = 0; m < M; ++m)
       ASSERT_EQ(0, std::memcmp(&part[m * I + 7], &want[m * I + 7], (131 - 7) * sizeof(float))) << m;
   }
@@ -265,7 +261,7 @@ TEST_P(KernelIsa, ScaleAddRoundsTheProductFirst) {
   int differs_from_fma = 0;
   for (int64_t i = 0; i < n; ++i) differs_from_fma += std::fma(a, x[i], y[i]) != want[i];
   ASSERT_GT(differs_from_fma, 0) << "the inputs must tell the two roundings apart";
-  scale_add(y.data(), x.data(), a, n);
+  scale_add(isa(), y.data(), x.data(), a, n);
   EXPECT_EQ(0, std::memcmp(y.data(), want.data(), n * sizeof(float)));
 }
 
@@ -292,11 +288,11 @@ TEST_P(KernelIsa, WeightedRowsSumIsTheSlotOrderSum) {
     want[i] = s;
   }
   ASSERT_GT(differs_from_fma, 0) << "the inputs must tell the two roundings apart";
-  weighted_rows_sum(y.data(), x.data(), ldx, rows, a, k, n);
+  weighted_rows_sum(isa(), y.data(), x.data(), ldx, rows, a, k, n);
   EXPECT_EQ(0, std::memcmp(y.data(), want.data(), n * sizeof(float)));
   // No slot, or every slot skipped: zeros.
   const int32_t none[] = {-1, -1};
-  weighted_rows_sum(y.data(), x.data(), ldx, none, a, 2, n);
+  weighted_rows_sum(isa(), y.data(), x.data(), ldx, none, a, 2, n);
   for (int64_t i = 0; i < n; ++i) EXPECT_EQ(0.0f, y[i]) << i;
 }
 
@@ -316,7 +312,7 @@ TEST_P(KernelIsa, SiluMulMatchesTheFormula) {
   }
   for (int64_t n : {int64_t{1}, int64_t{15}, int64_t{17}, static_cast<int64_t>(g.size())}) {
     std::vector<float> h(static_cast<size_t>(n), -7.0f);
-    silu_mul(g.data(), u.data(), h.data(), n);
+    silu_mul(isa(), g.data(), u.data(), h.data(), n);
     for (int64_t i = 0; i < n; ++i) {
       const double z = g[i], want = z / (1.0 + std::exp(-z)) * u[i];
       SCOPED_TRACE(::testing::Message() << "g=" << g[i] << " u=" << u[i] << " n=" << n);
@@ -342,10 +338,8 @@ TEST_P(KernelIsa, Bf16DotPathStaysWithinItsBound) {
     const TestWeight w = make_weight(dt, N, K, 11);
     const std::vector<float> x = make_x(M, K, 12);
     std::vector<float> dot(M * N), exact(M * N);
-    linear(x.data(), M, K, w.view, 0, N, dot.data(), N);
-    set_active_isa(Isa::kAvx512);
-    linear(x.data(), M, K, w.view, 0, N, exact.data(), N);
-    set_active_isa(Isa::kAvx512Bf16);
+    linear(isa(), x.data(), M, K, w.view, 0, N, dot.data(), N);
+    linear(Isa::kAvx512, x.data(), M, K, w.view, 0, N, exact.data(), N);
     const bool same = std::memcmp(dot.data(), exact.data(), dot.size() * sizeof(float)) == 0;
     EXPECT_EQ(same, dt == DType::kF32) << dtype_name(dt);
     double err = 0, norm = 0;
@@ -371,7 +365,7 @@ TEST_P(KernelIsa, NanAndInfPassThrough) {
         if (K > 128) w.fp8[6 * K + 200] = 0x7f;  // and in row 6's second block
       }
       std::vector<float> y(M * N);
-      linear(x.data(), M, K, w.view, 0, N, y.data(), N);
+      linear(isa(), x.data(), M, K, w.view, 0, N, y.data(), N);
       for (int64_t n = 0; n < N; ++n) {
         EXPECT_TRUE(std::isnan(y[n])) << n;
         EXPECT_TRUE(std::isinf(y[N + n]) || std::isnan(y[N + n])) << n;
@@ -391,7 +385,7 @@ TEST(KernelDispatch, BestIsaIsSupportedAndUnsupportedThrows) {
   EXPECT_TRUE(isa_supported(Isa::kScalar));
   for (Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
     if (!isa_supported(isa)) {
-      EXPECT_THROW(set_active_isa(isa), std::invalid_argument);
+      EXPECT_THROW(require_isa(isa, "test"), std::invalid_argument);
     }
   }
 }

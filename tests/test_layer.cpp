@@ -35,8 +35,8 @@ rt::Device& device(int workers) {
   return *d;
 }
 
-LayerOptions test_options(int64_t max_tokens = 512) {
-  return {.max_tokens = max_tokens, .policy = OverlapPolicy::always()};
+LayerOptions test_options(int64_t max_tokens = 512, Isa isa = best_isa()) {
+  return {.max_tokens = max_tokens, .policy = OverlapPolicy::always(), .isa = isa};
 }
 
 std::vector<float> run(MoeLayer& layer, const std::vector<float>& x, int64_t tokens, Schedule s) {
@@ -124,9 +124,11 @@ void expect_schedules_bitwise(const MoeConfig& c, const LayerWeights& w, const s
                          std::to_string(layer->device().num_workers()) + " workers");
 }
 
-std::vector<std::unique_ptr<MoeLayer>> layers_on_every_device(const MoeConfig& c, const LayerWeights& w) {
+std::vector<std::unique_ptr<MoeLayer>> layers_on_every_device(const MoeConfig& c, const LayerWeights& w,
+                                                             Isa isa = best_isa()) {
   std::vector<std::unique_ptr<MoeLayer>> layers;
-  for (int workers : {1, 2, 4}) layers.push_back(std::make_unique<MoeLayer>(c, w, device(workers), test_options()));
+  for (int workers : {1, 2, 4})
+    layers.push_back(std::make_unique<MoeLayer>(c, w, device(workers), test_options(512, isa)));
   return layers;
 }
 
@@ -148,17 +150,12 @@ TEST(Layer, SchedulesAndWorkerCountsAreBitwiseIdentical) {
 // rounding of the fp64 reference (2^-9 relative per product, accumulated: 1e-2 of the output scale).
 TEST(Layer, Bf16DotKernelsKeepTheScheduleContract) {
   if (!isa_supported(Isa::kAvx512Bf16)) GTEST_SKIP() << "no avx512_bf16 on this CPU";
-  struct Restore {
-    Isa saved = active_isa();
-    ~Restore() { set_active_isa(saved); }
-  } restore;
-  set_active_isa(Isa::kAvx512Bf16);
   for (const TinyConfig& tc : tiny_configs()) {
     for (DType dtype : {DType::kBF16, DType::kF8E4M3}) {
       MoeConfig c = tc.config;
       c.fp8 = dtype == DType::kF8E4M3;
       const LayerWeights w = make_random_weights(c, {.dtype = dtype, .seed = 21});
-      auto layers = layers_on_every_device(c, w);
+      auto layers = layers_on_every_device(c, w, Isa::kAvx512Bf16);
       const std::string what = tc.name + " " + std::string(dtype_name(dtype)) + " avx512bf16";
       for (int64_t tokens : {1, 7, 33}) {
         const auto x = random_input(tokens * c.hidden, 500 + static_cast<uint64_t>(tokens));

@@ -89,7 +89,7 @@ class Loader {
   }
 
   // transformers v5 layout: experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I].
-  void fused_experts(const std::string& p, const MoeConfig& c, int64_t n_local) {
+  void fused_experts(const std::string& p, const MoeConfig& c, int64_t first, int64_t n_local) {
     const int64_t e = c.num_experts, h = c.hidden, i = c.moe_intermediate;
     auto gu = need(p + "experts.gate_up_proj", {e, 2 * i, h});
     auto dn = need(p + "experts.down_proj", {e, h, i});
@@ -98,7 +98,7 @@ class Loader {
     const auto* gu_base = static_cast<const uint8_t*>(aligned(gu, dtype_size(t)));
     const auto* dn_base = static_cast<const uint8_t*>(aligned(dn, dtype_size(t)));
     const size_t sz = dtype_size(t), mat = static_cast<size_t>(h * i) * sz;
-    for (int64_t x = 0; x < n_local; ++x) {
+    for (int64_t x = first; x < first + n_local; ++x) {
       auto view = [&](const uint8_t* p_, int64_t rows, int64_t cols) {
         WeightView v;
         v.dtype = t;
@@ -118,7 +118,7 @@ class Loader {
   std::set<const SafetensorsFile*> kept_;
 };
 
-void check_layer(const ModelDir& dir, int64_t layer, int64_t n_local) {
+void check_layer(const ModelDir& dir, int64_t layer, int64_t first, int64_t n_local) {
   const MoeConfig& c = dir.config();
   if (layer < 0 || layer >= c.num_layers)
     throw IoError("layer " + std::to_string(layer) + " of '" + dir.dir() + "' is out of range (num_hidden_layers " +
@@ -128,9 +128,9 @@ void check_layer(const ModelDir& dir, int64_t layer, int64_t n_local) {
                   c.model_type + " (first_k_dense_replace " + std::to_string(c.first_k_dense_replace) +
                   ", decoder_sparse_step " + std::to_string(c.decoder_sparse_step) +
                   ", mlp_only_layers / mlp_layer_types); it has no MoE weights");
-  if (n_local < 1 || n_local > c.num_experts)
-    throw IoError("num_local_experts must be in [1, " + std::to_string(c.num_experts) + "], got " +
-                  std::to_string(n_local));
+  if (first < 0 || n_local < 1 || first + n_local > c.num_experts)
+    throw IoError("experts [" + std::to_string(first) + ", " + std::to_string(first + n_local) +
+                  ") do not fit in the " + std::to_string(c.num_experts) + " experts of '" + dir.dir() + "'");
 }
 
 }  // namespace
@@ -143,20 +143,21 @@ ModelDir::ModelDir(const std::string& dir, const MoeConfig& config) : dir_(dir),
   config_.validate();
 }
 
-LayerWeights load_layer(ModelDir& dir, int64_t layer, int64_t num_local_experts) {
+LayerWeights load_layer(ModelDir& dir, int64_t layer, int64_t num_local_experts, int64_t first_expert) {
   const MoeConfig& c = dir.config();
-  const int64_t n_local = num_local_experts < 0 ? c.num_experts : num_local_experts;
-  check_layer(dir, layer, n_local);
+  const int64_t n_local = num_local_experts < 0 ? c.num_experts - first_expert : num_local_experts;
+  check_layer(dir, layer, first_expert, n_local);
   const std::string p = layer_prefix(layer);
   const int64_t h = c.hidden, i = c.moe_intermediate;
   LayerWeights w;
+  w.first_expert = first_expert;
   Loader ld(dir.tensors(), w);
   w.router = ld.matrix(p + "gate.weight", c.num_experts, h, /*allow_fp8=*/false);
   if (c.correction_bias) w.correction_bias = ld.bias(p + "gate.e_score_correction_bias", c.num_experts);
   if (dir.tensors().contains(p + "experts.gate_up_proj")) {
-    ld.fused_experts(p, c, n_local);
+    ld.fused_experts(p, c, first_expert, n_local);
   } else {
-    for (int64_t e = 0; e < n_local; ++e) {
+    for (int64_t e = first_expert; e < first_expert + n_local; ++e) {
       const std::string x = p + "experts." + std::to_string(e) + ".";
       w.experts.push_back({ld.matrix(x + "gate_proj.weight", i, h), ld.matrix(x + "up_proj.weight", i, h),
                            ld.matrix(x + "down_proj.weight", h, i)});
@@ -175,9 +176,9 @@ LayerWeights load_layer(ModelDir& dir, int64_t layer, int64_t num_local_experts)
 }
 
 LayerWeights load_layer(const std::string& model_dir, const MoeConfig& config, int64_t layer,
-                        int64_t num_local_experts) {
+                        int64_t num_local_experts, int64_t first_expert) {
   ModelDir dir(model_dir, config);
-  return load_layer(dir, layer, num_local_experts);
+  return load_layer(dir, layer, num_local_experts, first_expert);
 }
 
 }  // namespace moe

@@ -39,12 +39,13 @@ class ModelDir {
   TensorStore store_;
 };
 
-// Experts [0, num_local_experts) (-1: all) of decoder layer `layer`. Throws IoError naming the tensor, its file
-// (or the index) and the expected shape for a missing or mis-shaped tensor, and for a dense layer.
+// Experts [first_expert, first_expert + num_local_experts) (-1: to the last) of decoder layer `layer`: only
+// those are mapped (an expert-parallel rank's share). Throws IoError naming the tensor, its file (or the
+// index) and the expected shape for a missing or mis-shaped tensor, and for a dense layer.
 // LayerWeights::storage keeps the mappings alive.
-LayerWeights load_layer(ModelDir& dir, int64_t layer, int64_t num_local_experts = -1);
+LayerWeights load_layer(ModelDir& dir, int64_t layer, int64_t num_local_experts = -1, int64_t first_expert = 0);
 LayerWeights load_layer(const std::string& model_dir, const MoeConfig& config, int64_t layer,
-                        int64_t num_local_experts = -1);
+                        int64_t num_local_experts = -1, int64_t first_expert = 0);
 
 // "model.layers.{layer}.mlp."
 std::string layer_prefix(int64_t layer);

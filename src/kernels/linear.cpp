@@ -3,8 +3,6 @@
 #include "kernels/linear.h"
 
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -14,19 +12,6 @@
 namespace moe {
 
 namespace {
-
-// MOE_KERNEL_ISA=scalar|avx2|avx512|avx512bf16 picks the initial ISA (benchmarks, A/B checks); an
-// unsupported or unknown name falls back to the best one.
-Isa initial_isa() {
-  if (const char* env = std::getenv("MOE_KERNEL_ISA"))
-    if (const std::optional<Isa> isa = parse_isa(env); isa && isa_supported(*isa)) return *isa;
-  return best_isa();
-}
-
-std::atomic<Isa>& active() {
-  static std::atomic<Isa> isa{initial_isa()};
-  return isa;
-}
 
 }  // namespace
 
@@ -82,13 +67,11 @@ Isa best_isa() {
   return Isa::kScalar;
 }
 
-Isa active_isa() { return active().load(std::memory_order_relaxed); }
-
-void set_active_isa(Isa isa) {
+void require_isa(Isa isa, const char* who) {
   if (!isa_supported(isa))
-    throw std::invalid_argument("set_active_isa: ISA " + std::string(isa_name(isa)) +
-                                " is not supported by this CPU or not compiled in this build");
-  active().store(isa, std::memory_order_relaxed);
+    throw std::invalid_argument(std::string(who) + ": kernel ISA " + std::string(isa_name(isa)) +
+                                " is not supported by this CPU or not compiled in this build (the best here is " +
+                                std::string(isa_name(best_isa())) + ")");
 }
 
 namespace {
@@ -106,43 +89,39 @@ void linear_from_n0(Isa isa, const float* x, int64_t M, int64_t ldx, const Weigh
 }
 }  // namespace
 
-void linear(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
+void linear(Isa isa, const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
             int64_t ldy) {
-  linear_from_n0(active_isa(), x, M, ldx, w, n0, n1, y + n0, ldy);
+  linear_from_n0(isa, x, M, ldx, w, n0, n1, y + n0, ldy);
 }
 
-void linear_exact(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
-                  int64_t ldy) {
-  const Isa isa = active_isa();
+void linear_exact(Isa isa, const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1,
+                  float* y, int64_t ldy) {
   linear_from_n0(isa == Isa::kAvx512Bf16 ? Isa::kAvx512 : isa, x, M, ldx, w, n0, n1, y + n0, ldy);
 }
 
 namespace {
 // Both AVX-512 ISAs run the elementwise kernels of elementwise_avx512.cpp.
-bool avx512_elementwise() {
-  const Isa isa = active_isa();
-  return isa == Isa::kAvx512 || isa == Isa::kAvx512Bf16;
-}
+bool avx512_elementwise(Isa isa) { return isa == Isa::kAvx512 || isa == Isa::kAvx512Bf16; }
 }  // namespace
 
-void scale_add(float* y, const float* r, const float* x, float a, int64_t n) {
-  if (avx512_elementwise()) return detail::scale_add_avx512(y, r, x, a, n);
+void scale_add(Isa isa, float* y, const float* r, const float* x, float a, int64_t n) {
+  if (avx512_elementwise(isa)) return detail::scale_add_avx512(y, r, x, a, n);
   for (int64_t i = 0; i < n; ++i) {
     const float p = a * x[i];  // rounded before the sum (this file is compiled with -ffp-contract=off)
     y[i] = r[i] + p;
   }
 }
 
-void weighted_rows_sum(float* y, const float* x, int64_t ldx, const int32_t* rows, const float* a, int64_t k,
-                       int64_t n) {
-  if (avx512_elementwise()) return detail::weighted_rows_sum_avx512(y, x, ldx, rows, a, k, n);
+void weighted_rows_sum(Isa isa, float* y, const float* x, int64_t ldx, const int32_t* rows, const float* a,
+                       int64_t k, int64_t n) {
+  if (avx512_elementwise(isa)) return detail::weighted_rows_sum_avx512(y, x, ldx, rows, a, k, n);
   std::fill(y, y + n, 0.0f);
   for (int64_t j = 0; j < k; ++j)
-    if (rows[j] >= 0) scale_add(y, x + rows[j] * ldx, a[j], n);
+    if (rows[j] >= 0) scale_add(isa, y, x + rows[j] * ldx, a[j], n);
 }
 
-void silu_mul(const float* g, const float* u, float* h, int64_t n) {
-  if (avx512_elementwise()) return detail::silu_mul_avx512(g, u, h, n);
+void silu_mul(Isa isa, const float* g, const float* u, float* h, int64_t n) {
+  if (avx512_elementwise(isa)) return detail::silu_mul_avx512(g, u, h, n);
   for (int64_t i = 0; i < n; ++i) h[i] = silu(g[i]) * u[i];
 }
 
@@ -152,11 +131,10 @@ void silu_mul(const float* g, const float* u, float* h, int64_t n) {
 // it. With up to 8 (decode) it holds 4096 / tokens rows, at least 512, so each matrix of a Qwen3-Next
 // expert is streamed in one run: 64-row runs alternating between gate and up restarted the memory streams
 // 16 times per expert, and at 5-8 tokens 2048 / tokens rows split each matrix in two with a remainder.
-void gate_up_silu(const float* x, int64_t M, int64_t ldx, const WeightView& gate, const WeightView& up,
+void gate_up_silu(Isa isa, const float* x, int64_t M, int64_t ldx, const WeightView& gate, const WeightView& up,
                   int64_t i0, int64_t i1, float* h, int64_t ldh) {
   constexpr int64_t kTokens = 32, kTileFloats = 4096, kDecodeTokens = 8;
   float g[kTileFloats], u[kTileFloats];
-  const Isa isa = active_isa();
   for (int64_t m0 = 0; m0 < M; m0 += kTokens) {
     const int64_t mt = std::min(kTokens, M - m0);
     const int64_t rows = (mt <= kDecodeTokens ? kTileFloats : kTileFloats / 2) / mt;
@@ -164,7 +142,7 @@ void gate_up_silu(const float* x, int64_t M, int64_t ldx, const WeightView& gate
       const int64_t r1 = std::min(i1, r0 + rows);
       linear_from_n0(isa, x + m0 * ldx, mt, ldx, gate, r0, r1, g, rows);
       linear_from_n0(isa, x + m0 * ldx, mt, ldx, up, r0, r1, u, rows);
-      for (int64_t m = 0; m < mt; ++m) silu_mul(g + m * rows, u + m * rows, h + (m0 + m) * ldh + r0, r1 - r0);
+      for (int64_t m = 0; m < mt; ++m) silu_mul(isa, g + m * rows, u + m * rows, h + (m0 + m) * ldh + r0, r1 - r0);
     }
   }
 }

@@ -3,7 +3,7 @@
 // compute-bound shapes (prefill, decode with many tokens per matrix, fp8 decoding) run up to ~2x faster.
 // f32 weights take the exact fp32 path (linear_avx512.cpp).
 //
-// Numerics, and why this ISA is opt-in (set_active_isa or MOE_KERNEL_ISA=avx512bf16, never best_isa()):
+// Numerics, and why this ISA is opt-in (LayerOptions::isa or --isa avx512bf16, never best_isa()):
 // x is rounded to bf16 (round to nearest even) once per call, as vLLM, SGLang and llama.cpp do with bf16
 // activations; for fp8 weights x is first multiplied by the weight block's scale_inv (fp32) and then
 // rounded, so the scale costs nothing per weight. The fp8 codes become bf16 exactly (bf16 holds every e4m3

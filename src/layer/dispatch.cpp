@@ -9,26 +9,21 @@ int64_t max_row_tiles(int64_t pairs, int64_t local_experts) {
   return pairs / kExpertRowsPerTile + std::min(pairs, local_experts);
 }
 
-namespace {
-
-// start[e]: first grouped row of local expert e; total: rows in use.
-void write_plan(const DispatchArgs& a, const int32_t* start, int32_t total) {
-  const int64_t el = a.local_experts;
-  std::copy(start, start + el, a.offsets);
-  a.offsets[el] = total;
+void write_row_plan(const int32_t* start, int32_t total, int64_t el, int32_t* offsets, int32_t* row_tiles,
+                    int32_t* num_row_tiles) {
+  std::copy(start, start + el, offsets);
+  offsets[el] = total;
   int32_t n = 0;
   constexpr auto kRows = static_cast<int32_t>(kExpertRowsPerTile);
   for (int64_t e = 0; e < el; ++e)
-    for (int32_t r = a.offsets[e]; r < a.offsets[e + 1]; r += kRows) {
-      a.row_tiles[3 * n] = static_cast<int32_t>(e);
-      a.row_tiles[3 * n + 1] = r;
-      a.row_tiles[3 * n + 2] = std::min(r + kRows, a.offsets[e + 1]);
+    for (int32_t r = offsets[e]; r < offsets[e + 1]; r += kRows) {
+      row_tiles[3 * n] = static_cast<int32_t>(e);
+      row_tiles[3 * n + 1] = r;
+      row_tiles[3 * n + 2] = std::min(r + kRows, offsets[e + 1]);
       ++n;
     }
-  *a.num_row_tiles = n;
+  *num_row_tiles = n;
 }
-
-}  // namespace
 
 void dispatch_tile(const DispatchArgs& a, int tile, int num_tiles) {
   const int64_t el = a.local_experts, k = a.top_k;
@@ -43,7 +38,7 @@ void dispatch_tile(const DispatchArgs& a, int tile, int num_tiles) {
     cursor[e] = running;
     running += count;
   }
-  if (tile == 0) write_plan(a, cursor, running);
+  if (tile == 0) write_row_plan(cursor, running, el, a.offsets, a.row_tiles, a.num_row_tiles);
   for (int64_t p = 0; p < t0 * k; ++p)
     if (a.ids[p] < el) ++cursor[a.ids[p]];
   for (int64_t p = t0 * k; p < t1 * k; ++p) {

@@ -42,4 +42,10 @@ struct DispatchArgs {
 // Tile `tile` of `num_tiles`: handles tokens [tokens * tile / num_tiles, tokens * (tile + 1) / num_tiles).
 void dispatch_tile(const DispatchArgs& a, int tile, int num_tiles);
 
+// The grouped rows' plan from each local expert's first row (start[E_l]) and the rows in use: offsets and
+// the row-tile table (expert ascending, blocks of at most kExpertRowsPerTile rows). Shared by the dispatch
+// of one process and expert parallelism's grouping of received rows (layer/ops/ep_ops.cpp).
+void write_row_plan(const int32_t* start, int32_t total, int64_t local_experts, int32_t* offsets, int32_t* row_tiles,
+                    int32_t* num_row_tiles);
+
 }  // namespace moe

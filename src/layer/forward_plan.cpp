@@ -4,18 +4,30 @@
 
 namespace moe {
 
-std::vector<ForwardStep> describe_forward(const MoeConfig& c) {
+std::vector<ForwardStep> describe_forward(const MoeConfig& c, bool expert_parallel) {
+  const ForwardStep gate_up{.name = "experts.gate_up", .branch = Branch::kRouted, .segment = 2,
+                            .make = ops::make_experts_gate_up_op, .make_fused = ops::make_fused_gate_up_op};
+  const ForwardStep down{.name = "experts.down", .branch = Branch::kRouted, .segment = 2,
+                         .make = ops::make_experts_down_op, .make_fused = ops::make_fused_down_op};
   std::vector<ForwardStep> s = {
       {.name = "check_input", .branch = Branch::kInput, .make = ops::make_check_input_op, .only_when_checking = true},
       {.name = "router", .branch = Branch::kRouted, .segment = 0, .make = ops::make_router_op},
       {.name = "topk", .branch = Branch::kRouted, .segment = 1, .make = ops::make_topk_op},
-      {.name = "dispatch", .branch = Branch::kRouted, .segment = 1, .make = ops::make_dispatch_op},
-      {.name = "experts.gate_up", .branch = Branch::kRouted, .segment = 2, .make = ops::make_experts_gate_up_op,
-       .make_fused = ops::make_fused_gate_up_op},
-      {.name = "experts.down", .branch = Branch::kRouted, .segment = 2, .make = ops::make_experts_down_op,
-       .make_fused = ops::make_fused_down_op},
-      {.name = "combine", .branch = Branch::kRouted, .segment = 3, .make = ops::make_combine_op},
   };
+  if (expert_parallel) {
+    s.push_back({.name = "ep.pack", .branch = Branch::kRouted, .segment = 1, .make = ops::make_ep_pack_op});
+    s.push_back({.name = "ep.dispatch", .branch = Branch::kRouted, .segment = 1, .make = ops::make_ep_dispatch_op});
+    s.push_back({.name = "ep.group", .branch = Branch::kRouted, .segment = 2, .make = ops::make_ep_group_op});
+    s.push_back(gate_up);
+    s.push_back(down);
+    s.push_back({.name = "ep.return", .branch = Branch::kRouted, .segment = 3, .make = ops::make_ep_return_op});
+    s.push_back({.name = "ep.combine", .branch = Branch::kRouted, .segment = 3, .make = ops::make_ep_combine_op});
+  } else {
+    s.push_back({.name = "dispatch", .branch = Branch::kRouted, .segment = 1, .make = ops::make_dispatch_op});
+    s.push_back(gate_up);
+    s.push_back(down);
+  }
+  s.push_back({.name = "combine", .branch = Branch::kRouted, .segment = 3, .make = ops::make_combine_op});
   if (!c.has_shared_expert()) return s;
   if (c.shared_expert_gate)
     s.push_back({.name = "shared_gate", .branch = Branch::kShared, .segment = 1, .make = ops::make_shared_gate_op});

@@ -47,8 +47,11 @@ struct ForwardStep {
 };
 
 // The steps of one forward of a layer with `config`, in program order (shared steps only with a shared
-// expert, shared_gate only with its gate, the sum only with a shared expert).
-std::vector<ForwardStep> describe_forward(const MoeConfig& config);
+// expert, shared_gate only with its gate, the sum only with a shared expert). With `expert_parallel` the
+// routed path exchanges rows with the experts' owners (ops.h, ep_ops.cpp): ep.pack and ep.dispatch in
+// segment 1, ep.group before the expert compute, ep.return and ep.combine in segment 3, so that phased
+// lines its shared segments up with dispatch, expert compute and combine.
+std::vector<ForwardStep> describe_forward(const MoeConfig& config, bool expert_parallel = false);
 
 enum class StreamRole : uint8_t { kMain, kSide };
 // The call's events: the fork, phased's three segment events, the join.

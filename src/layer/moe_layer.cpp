@@ -27,7 +27,8 @@ class Carver {
   size_t offset_ = 0;
 };
 
-ops::RoutedBuffers carve_routed(Carver& cv, const MoeConfig& c, int64_t local_experts, int64_t t) {
+// `rows`: the most grouped rows (t * k in one process, every rank's pairs under expert parallelism).
+ops::RoutedBuffers carve_routed(Carver& cv, const MoeConfig& c, int64_t local_experts, int64_t t, int64_t rows) {
   const int64_t pairs = t * c.top_k;
   ops::RoutedBuffers b;
   b.logits = cv.take<float>(t * c.num_experts);
@@ -37,13 +38,26 @@ ops::RoutedBuffers carve_routed(Carver& cv, const MoeConfig& c, int64_t local_ex
   b.pair_row = cv.take<int32_t>(pairs);
   b.counters = cv.take<int32_t>(ops::kMaxDispatchTiles * local_experts);
   b.offsets = cv.take<int32_t>(local_experts + 1);
-  b.row_tiles = cv.take<int32_t>(max_row_tiles(pairs, local_experts) * 3);
+  b.row_tiles = cv.take<int32_t>(max_row_tiles(rows, local_experts) * 3);
   b.num_row_tiles = cv.take<int32_t>(1);
-  b.xg = cv.take<float>(pairs * c.hidden);
-  b.hg = cv.take<float>(pairs * c.moe_intermediate);
-  b.og = cv.take<float>(pairs * c.hidden);
+  b.xg = cv.take<float>(rows * c.hidden);
+  b.hg = cv.take<float>(rows * c.moe_intermediate);
+  b.og = cv.take<float>(rows * c.hidden);
   b.routed = cv.take<float>(c.has_shared_expert() ? t * c.hidden : 0);
   return b;
+}
+
+// The exchange blocks of expert parallelism (ops.h, EpBuffers): N blocks of C rows each way.
+void carve_ep(Carver& cv, const MoeConfig& c, int64_t local_experts, ops::EpBuffers& e) {
+  const int64_t blocks = e.ranks * e.capacity;
+  e.send_meta = cv.take<int32_t>(e.ranks * (1 + e.capacity));
+  e.send_rows = cv.take<float>(blocks * c.hidden);
+  e.recv_meta = cv.take<int32_t>(e.ranks * (1 + e.capacity));
+  e.recv_rows = cv.take<float>(blocks * c.hidden);
+  e.recv_group = cv.take<int32_t>(blocks);
+  e.group_cursor = cv.take<int32_t>(local_experts);
+  e.back_rows = cv.take<float>(blocks * c.hidden);
+  e.ret_rows = cv.take<float>(blocks * c.hidden);
 }
 
 ops::SharedBuffers carve_shared(Carver& cv, const MoeConfig& c, int64_t t) {
@@ -63,22 +77,73 @@ MoeLayer::MoeLayer(const MoeConfig& config, const LayerWeights& weights, rt::Dev
   config_.validate();
   weights_.validate(config_);
   options_.tuning.validate();
+  require_isa(options_.isa, "LayerOptions.isa");
   if (options_.max_tokens < 1)
     throw ConfigError("LayerOptions.max_tokens must be >= 1, got " + std::to_string(options_.max_tokens));
   if (config_.has_shared_expert()) side_ = device_.stream_for(options_.side_stream_tag, options_.side_priority);
+  expert_rows_ = options_.max_tokens * config_.top_k;
+  if (options_.comm != nullptr) {
+    set_up_expert_parallelism();
+  } else if (weights_.first_expert != 0) {
+    throw ConfigError("the weights hold experts from " + std::to_string(weights_.first_expert) +
+                      " on: one process runs experts [0, N) (--experts N); a share elsewhere needs expert "
+                      "parallelism (LayerOptions::comm)");
+  }
   allocate_workspaces();
-  const std::vector<ForwardStep> steps = describe_forward(config_);
+  const std::vector<ForwardStep> steps = describe_forward(config_, options_.comm != nullptr);
   for (Schedule s : kRunnableSchedules)
     plans_.push_back(s == Schedule::kSerial || config_.has_shared_expert() ? place(s, steps) : ForwardPlan{});
+}
+
+// Every rank checks that it holds exactly its share of the experts, and that all ranks agree on what the
+// exchanges depend on; then sizes the exchange blocks. Collective: every rank constructs its layer.
+void MoeLayer::set_up_expert_parallelism() {
+  ep::Communicator& comm = *options_.comm;
+  const int n = comm.size(), r = comm.rank();
+  const int64_t first = ep::first_expert(config_.num_experts, n, r), last = ep::first_expert(config_.num_experts, n, r + 1);
+  const bool own_share = weights_.first_expert == first && weights_.num_local_experts() == last - first;
+  const DType dtype = weights_.experts.empty() ? DType::kF32 : weights_.experts[0].gate.dtype;
+  // Agreed first (a rank that threw alone would leave the others waiting in the collective).
+  ep::check_agreement(comm, {{"whether each holds its expert share", own_share ? "yes" : "no"},
+                             {"model_type", config_.model_type},
+                             {"hidden", std::to_string(config_.hidden)},
+                             {"moe_intermediate", std::to_string(config_.moe_intermediate)},
+                             {"num_experts", std::to_string(config_.num_experts)},
+                             {"top_k", std::to_string(config_.top_k)},
+                             {"shared_intermediate", std::to_string(config_.shared_intermediate)},
+                             {"expert dtype", std::string(dtype_name(dtype))},
+                             {"exchange mode", ep::exchange_mode_name(options_.ep_mode)},
+                             {"max_tokens", std::to_string(options_.max_tokens)}});
+  if (!own_share)
+    throw ConfigError("expert parallelism: rank " + std::to_string(r) + " of " + std::to_string(n) + " owns experts [" +
+                      std::to_string(first) + ", " + std::to_string(last) + "), but its weights hold [" +
+                      std::to_string(weights_.first_expert) + ", " +
+                      std::to_string(weights_.first_expert + weights_.num_local_experts()) + ")");
+  ep_.comm = options_.comm;
+  ep_.mode = options_.ep_mode;
+  ep_.ranks = n;
+  ep_.capacity = options_.max_tokens * config_.top_k;
+  expert_rows_ = n * ep_.capacity;
+  const size_t peers = static_cast<size_t>(n);
+  counts_ = comm.make_transfer("ep.dispatch (counts)", {.sends = peers, .recvs = peers});
+  dispatch_ = comm.make_transfer("ep.dispatch", {.sends = 2 * peers, .recvs = 2 * peers});
+  combine_ = comm.make_transfer("ep.combine", {.sends = peers, .recvs = peers});
+  ep_.counts = &counts_;
+  ep_.dispatch = &dispatch_;
+  ep_.combine = &combine_;
+  ep_.dispatch_phase = &dispatch_phase_;
 }
 
 void MoeLayer::allocate_workspaces() {
   const int64_t t = options_.max_tokens, el = weights_.num_local_experts();
   Carver measure_routed(nullptr), measure_shared(nullptr);
-  carve_routed(measure_routed, config_, el, t);
+  ops::EpBuffers ep = ep_;
+  carve_routed(measure_routed, config_, el, t, expert_rows_);
+  if (ep_.comm != nullptr) carve_ep(measure_routed, config_, el, ep);
   routed_ws_ = HostBuffer(measure_routed.size());
   Carver routed(routed_ws_.as<char>());
-  routed_ = carve_routed(routed, config_, el, t);
+  routed_ = carve_routed(routed, config_, el, t, expert_rows_);
+  if (ep_.comm != nullptr) carve_ep(routed, config_, el, ep_);
   device_.notify_alloc(routed_ws_.data(), routed_ws_.size());
   if (config_.has_shared_expert()) {
     carve_shared(measure_shared, config_, t);
@@ -110,6 +175,9 @@ ops::Context MoeLayer::context(const float* x, int64_t tokens, float* y) const {
   c.y = y;
   c.tokens = tokens;
   c.num_workers = device_.num_workers();
+  c.isa = options_.isa;
+  c.expert_rows = ep_.comm != nullptr ? expert_rows_ : tokens * config_.top_k;
+  c.ep = ep_;
   c.routed = routed_;
   c.shared = shared_;
   return c;
@@ -128,7 +196,7 @@ void MoeLayer::check_args(const float* x, int64_t tokens, const float* y) const 
 
 void MoeLayer::forward(const float* x, int64_t tokens, float* y, const ForwardOptions& options) {
   check_args(x, tokens, y);
-  if (tokens == 0) return;
+  if (tokens == 0 && ep_.comm == nullptr) return;  // under expert parallelism a rank with no tokens still serves
   rt::Stream main = rt::current_stream(device_);
   const Schedule s =
       choose_schedule(config_, options_.policy, options.schedule, tokens, options.prefill, &options_.tuning).schedule;
@@ -146,7 +214,7 @@ const ForwardPlan& MoeLayer::plan(Schedule s) const {
 
 void MoeLayer::forward_plan(const ForwardPlan& p, const float* x, int64_t tokens, float* y, bool check_input) {
   check_args(x, tokens, y);
-  if (tokens == 0) return;
+  if (tokens == 0 && ep_.comm == nullptr) return;  // under expert parallelism a rank with no tokens still serves
   ops::Context c = context(x, tokens, y);
   if (p.shared_in_routed_workspace) {
     // Over the routed path's gathered rows (floats only: a fault that corrupts values, not indices).
@@ -174,7 +242,7 @@ LayerGraph MoeLayer::capture(const float* x, int64_t tokens, float* y, const For
   g.y_ = y;
   g.tokens_ = tokens;
   g.decision_ = effective_schedule(options, tokens);
-  if (tokens == 0) return g;
+  if (tokens == 0 && ep_.comm == nullptr) return g;
   rt::Stream main = rt::current_stream(device_);
   Events ev;
   rt::begin_capture(main);

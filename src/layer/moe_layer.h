@@ -52,9 +52,18 @@ struct LayerOptions {
   // When multi-stream schedules fall back to serial. A program that follows the serving engines' environment
   // switches passes OverlapPolicy::from_env() here (the tools do); the default reads nothing.
   OverlapPolicy policy;
+  // The kernels every operation runs: the best exact fp32 ISA of this CPU by default; Isa::kAvx512Bf16 opts in
+  // to bf16 dot products for the expert matrices (kernels/linear.h). Checked at construction.
+  Isa isa = best_isa();
   std::string side_stream_tag = "11";
   int side_priority = rt::kPriorityDefault;
   TuningTable tuning;  // resolves Schedule::kAuto; empty: auto runs serial
+  // Expert parallelism: the ranks of the job (null: one process). This rank's weights must hold exactly its
+  // expert range (ep::first_expert); the router and the shared expert are replicated; tokens are this
+  // rank's own (data parallel). Every rank builds its layer (a collective check of what they agree on) and
+  // calls forward() the same number of times, with 0 tokens where it has none. Not owned.
+  ep::Communicator* comm = nullptr;
+  ep::ExchangeMode ep_mode = ep::ExchangeMode::kLowLatency;
 };
 
 struct ForwardOptions {
@@ -139,6 +148,7 @@ class MoeLayer {
   void enqueue(const ForwardPlan& plan, const ops::Context& c, rt::Stream& main, bool check, Events& ev);
   void reuse(rt::Stream& s, ForwardBuffer b, const ops::Context& c);
   void allocate_workspaces();
+  void set_up_expert_parallelism();
 
   MoeConfig config_;
   const LayerWeights& weights_;
@@ -149,6 +159,10 @@ class MoeLayer {
   HostBuffer shared_ws_;
   ops::RoutedBuffers routed_;
   ops::SharedBuffers shared_;
+  int64_t expert_rows_ = 0;  // the most grouped rows the expert ops see (ops::Context::expert_rows)
+  ops::EpBuffers ep_;        // expert parallelism's blocks (carved in routed_ws_) and exchanges
+  ep::Transfer counts_, dispatch_, combine_;
+  int dispatch_phase_ = 0;
   std::vector<ForwardPlan> plans_;  // indexed by Schedule, built at construction (serial only without shared)
   Events events_;
   rt::Event done_;  // recorded at the end of every eager call and replay

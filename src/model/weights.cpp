@@ -100,11 +100,16 @@ void LayerWeights::validate(const MoeConfig& c) const {
   if (router.dtype == DType::kF8E4M3) throw ConfigError("weight 'mlp.gate.weight' must be f32 or bf16, not fp8");
   if (c.correction_bias && correction_bias == nullptr)
     throw ConfigError("weight 'mlp.gate.e_score_correction_bias' is missing (model_type " + c.model_type + ")");
+  if (first_expert < 0 || first_expert + num_local_experts() > c.num_experts)
+    throw ConfigError("layer holds experts [" + std::to_string(first_expert) + ", " +
+                      std::to_string(first_expert + num_local_experts()) + "), outside the " +
+                      std::to_string(c.num_experts) + " experts of the config");
   if (num_local_experts() < 1 || num_local_experts() > c.num_experts)
     throw ConfigError("layer has " + std::to_string(num_local_experts()) + " local experts, expected 1.." +
                       std::to_string(c.num_experts));
   for (int64_t e = 0; e < num_local_experts(); ++e)
-    check_expert(experts[static_cast<size_t>(e)], "mlp.experts." + std::to_string(e), h, c.moe_intermediate);
+    check_expert(experts[static_cast<size_t>(e)], "mlp.experts." + std::to_string(first_expert + e), h,
+                 c.moe_intermediate);
   if (c.has_shared_expert()) check_expert(shared, "mlp.shared_expert", h, c.shared_intermediate);
   if (c.shared_expert_gate) check_view(shared_gate, "mlp.shared_expert_gate.weight", 1, h);
 }
@@ -131,6 +136,7 @@ LayerWeights make_random_weights(const MoeConfig& c, const RandomWeightOptions& 
     throw ConfigError("--experts: must be in [1, " + std::to_string(c.num_experts - o.first_expert) + "], got " +
                       std::to_string(n_local));
   const int64_t h = c.hidden, i = c.moe_intermediate;
+  w.first_expert = o.first_expert;
   for (int64_t e = 0; e < n_local; ++e) {
     const uint64_t id = 16 + 4 * static_cast<uint64_t>(o.first_expert + e);
     w.experts.push_back({f.make(o.dtype, i, h, id), f.make(o.dtype, i, h, id + 1), f.make(o.dtype, h, i, id + 2)});

@@ -21,9 +21,11 @@ struct ExpertWeights {
 struct LayerWeights {
   WeightView router;                      // [E, H], f32 or bf16 (never fp8); logits computed in fp32
   const float* correction_bias = nullptr;  // [E] f32, noaux_tc only
-  // Experts [0, num_local_experts) of E. With fewer than E (one expert-parallel rank's share, or --experts N)
-  // routing still runs over all E experts and tokens routed elsewhere contribute nothing here.
+  // Experts [first_expert, first_expert + num_local_experts) of E. In one process first_expert is 0, and with
+  // fewer than E (--experts N) routing still runs over all E experts and tokens routed elsewhere contribute
+  // nothing; under expert parallelism they are one rank's share (ep/communicator.h, first_expert()).
   std::vector<ExpertWeights> experts;
+  int64_t first_expert = 0;
   ExpertWeights shared;                   // [Is, H] / [H, Is]; empty views when the model has none
   WeightView shared_gate;                 // [1, H] (Qwen); empty otherwise
   std::vector<std::any> storage;          // owners of the bytes (mappings, buffers)

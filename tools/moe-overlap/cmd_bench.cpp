@@ -230,7 +230,7 @@ void run_bench(const BenchOptions& o) {
   if (o.repeats < 1) throw std::invalid_argument("--repeats: expected >= 1");
   auto dev = rt::make_cpu_device({.num_workers = o.threads});
   BenchReport report;
-  apply_kernel_isa(o.model.isa);  // the report names the kernels' ISA
+  const Isa isa = kernel_isa(o.model.isa);
   // The eviction buffer first: the probe at the start reads it rather than mapping and unmapping 1 GiB of its
   // own, since memory freed just before the timed calls slows them on this VM (see settle()). Before the
   // weights exist; then the peak RSS starts again, so the one reported below is the layer's own (weights,
@@ -238,6 +238,7 @@ void run_bench(const BenchOptions& o) {
   DeviceTimer timer(o.evict_mib, dev->num_workers());
   report.sweep_measures = timer.measures_bandwidth();
   report.machine = measure_machine(dev->num_workers(), timer.sweep_data(), timer.sweep_bytes());
+  report.machine.isa = std::string(isa_name(isa));  // the report names the kernels' ISA
   reset_peak_rss();
   LoadedModel m = load_model(o.model);
   const bool mapped = std::filesystem::is_directory(o.model.model);
@@ -269,6 +270,7 @@ void run_bench(const BenchOptions& o) {
   const int64_t max_tokens = std::max<int64_t>(1, *std::max_element(token_counts.begin(), token_counts.end()));
   LayerOptions lo{.max_tokens = max_tokens,
                   .policy = o.no_policy ? OverlapPolicy::always() : OverlapPolicy::from_env(),
+                  .isa = isa,
                   .tuning = read_tuning_file(o.model.tuning)};
   MoeLayer layer(m.config, m.weights, *dev, lo);
   rt::Stream main = rt::current_stream(*dev);

@@ -27,8 +27,8 @@ struct CheckOptions {
 
 // fp32 arithmetic against fp64 on the same weight values: the error grows with the reduction length. On
 // the avx512bf16 kernels x is rounded to bf16 before the expert matrices (2^-9 per product): 1e-2.
-double tolerance(const MoeConfig& c, const LayerWeights& w) {
-  if (!w.experts.empty() && rounds_x_to_bf16(active_isa(), w.experts[0].gate.dtype)) return 1e-2;
+double tolerance(Isa isa, const MoeConfig& c, const LayerWeights& w) {
+  if (!w.experts.empty() && rounds_x_to_bf16(isa, w.experts[0].gate.dtype)) return 1e-2;
   return 1e-5 * std::max(1.0, std::sqrt(static_cast<double>(c.hidden) / 256.0));
 }
 
@@ -38,9 +38,9 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // One forward, eager or (graph) captured and replayed twice: the second replay must not depend on the first.
-std::vector<float> forward(rt::Device& dev, const MoeConfig& c, const LayerWeights& w, const std::vector<float>& x,
-                           int64_t tokens, Schedule s, bool graph = false) {
-  MoeLayer layer(c, w, dev, {.max_tokens = std::max<int64_t>(tokens, 1), .policy = OverlapPolicy::always()});
+std::vector<float> forward(Isa isa, rt::Device& dev, const MoeConfig& c, const LayerWeights& w,
+                           const std::vector<float>& x, int64_t tokens, Schedule s, bool graph = false) {
+  MoeLayer layer(c, w, dev, {.max_tokens = std::max<int64_t>(tokens, 1), .policy = OverlapPolicy::always(), .isa = isa});
   std::vector<float> y(static_cast<size_t>(tokens * c.hidden));
   if (graph) {
     const LayerGraph g = layer.capture(x.data(), tokens, y.data(), {.schedule = s});
@@ -54,7 +54,7 @@ std::vector<float> forward(rt::Device& dev, const MoeConfig& c, const LayerWeigh
 
 class Checker {
  public:
-  explicit Checker(const CheckOptions& o) : o_(o) {}
+  explicit Checker(const CheckOptions& o) : o_(o), isa_(kernel_isa(o.model.isa)) {}
 
   void check_model(const std::string& name, const MoeConfig& c, const LayerWeights& w) {
     for (int64_t t : parse_token_list(o_.tokens, "--tokens", 1 << 16)) check_tokens(name, c, w, t);
@@ -74,17 +74,17 @@ class Checker {
     const std::string at = name + " tokens=" + std::to_string(t);
     const std::vector<float> x = random_activations(t, c.hidden, o_.model.seed + static_cast<uint64_t>(t));
     auto dev = rt::make_cpu_device({.num_workers = o_.threads});
-    const std::vector<float> serial = forward(*dev, c, w, x, t, Schedule::kSerial);
+    const std::vector<float> serial = forward(isa_, *dev, c, w, x, t, Schedule::kSerial);
     check_reference(at, c, w, x, t, serial);
     for (Schedule s : kRunnableSchedules) {
       if (s == Schedule::kSerial) continue;
-      const std::vector<float> y = forward(*dev, c, w, x, t, s);
+      const std::vector<float> y = forward(isa_, *dev, c, w, x, t, s);
       report(same_bits(y, serial),
              at + " " + std::string(schedule_name(s)) + " bitwise == serial");
     }
     if (o_.graph)
       for (Schedule s : kRunnableSchedules) {
-        const std::vector<float> y = forward(*dev, c, w, x, t, s, /*graph=*/true);
+        const std::vector<float> y = forward(isa_, *dev, c, w, x, t, s, /*graph=*/true);
         report(same_bits(y, serial),
                at + " " + std::string(schedule_name(s)) + " graph replay bitwise == eager serial");
       }
@@ -92,8 +92,8 @@ class Checker {
       auto sdev = rt::make_cpu_device({.num_workers = o_.threads});
       auto san = rt::enable_sanitizer(*sdev, {.throw_on_first = false});
       for (Schedule s : kRunnableSchedules) {
-        forward(*sdev, c, w, x, t, s);
-        if (o_.graph) forward(*sdev, c, w, x, t, s, /*graph=*/true);
+        forward(isa_, *sdev, c, w, x, t, s);
+        if (o_.graph) forward(isa_, *sdev, c, w, x, t, s, /*graph=*/true);
         const auto reports = san->take_reports();
         report(reports.empty(), at + " " + std::string(schedule_name(s)) + " sanitizer: " +
                                     (reports.empty() ? "no hazard" : reports.front().message));
@@ -106,7 +106,7 @@ class Checker {
         fc.seed = o_.model.seed + 1;
         const rt::FuzzOutcome out = rt::run_fuzzed(
             [&](rt::Device& d) {
-              const std::vector<float> y = forward(d, c, w, x, t, s, o_.graph);
+              const std::vector<float> y = forward(isa_, d, c, w, x, t, s, o_.graph);
               if (!same_bits(y, serial))
                 throw std::runtime_error("output differs from the unfuzzed serial run");
               return rt::bytes_of(y);
@@ -140,16 +140,16 @@ class Checker {
     }
     char buf[160];
     std::snprintf(buf, sizeof buf, " serial vs fp64 reference: max error %.2e of max |y| (tolerance %.1e)%s", worst,
-                  tolerance(c, w), skipped ? (", " + std::to_string(skipped) + " near-tie tokens skipped").c_str() : "");
-    report(worst <= tolerance(c, w), at + buf);
+                  tolerance(isa_, c, w), skipped ? (", " + std::to_string(skipped) + " near-tie tokens skipped").c_str() : "");
+    report(worst <= tolerance(isa_, c, w), at + buf);
   }
 
   const CheckOptions& o_;
+  const Isa isa_;
   int failures_ = 0, checks_ = 0;
 };
 
 void run_check(const CheckOptions& o) {
-  apply_kernel_isa(o.model.isa);
   Checker checker(o);
   if (o.tiny) {
     for (const TinyConfig& tc : tiny_configs())

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "ep_launch.h"
 #include "io/npy.h"
 #include "layer/moe_layer.h"
 #include "model_source.h"
@@ -20,10 +21,98 @@ struct RunOptions {
   std::string input, output, schedule = "dual";
   int threads = 0;
   bool prefill = false, graph = false;
+  int ep = 0;  // expert-parallel ranks (0: one process)
+  std::string ep_mode = "low-latency";
+  int ep_timeout_ms = 10000;
 };
 
+void check_finite(const std::vector<float>& y, int64_t h, const std::string& where) {
+  for (size_t i = 0; i < y.size(); ++i)
+    if (!std::isfinite(y[i]))
+      throw std::runtime_error("output has a non-finite value at token " + std::to_string(i / static_cast<size_t>(h)) +
+                               ", column " + std::to_string(i % static_cast<size_t>(h)) + where + " (check the weights)");
+}
+
+// Under mpirun: rank r takes rows [r * T, (r + 1) * T) of the input, maps its share of the experts, runs the
+// layer with the others and rank 0 writes every row in order: the one-process output, bit for bit.
+void run_expert_parallel(const RunOptions& o) {
+  std::unique_ptr<ep::Communicator> comm = join_ranks(o.ep, std::chrono::milliseconds(o.ep_timeout_ms));
+  on_every_rank(*comm, [&] {
+    const int r = comm->rank(), n = comm->size();
+    if (o.model.experts >= 0)
+      throw std::invalid_argument("--experts and --ep exclude each other: under --ep every rank maps its own share");
+    const Isa isa = kernel_isa(o.model.isa);
+    const Schedule schedule = parse_schedule(o.schedule);
+    const ep::ExchangeMode mode = o.ep_mode == "normal" ? ep::ExchangeMode::kNormal : ep::ExchangeMode::kLowLatency;
+    ModelOptions mo = o.model;
+    const int64_t num_experts = model_num_experts(mo);
+    if (num_experts < n)
+      throw std::invalid_argument("--ep " + std::to_string(n) + ": the model has only " + std::to_string(num_experts) +
+                                  " experts");
+    mo.first_expert = ep::first_expert(num_experts, n, r);
+    mo.experts = ep::first_expert(num_experts, n, r + 1) - mo.first_expert;
+    LoadedModel m = load_model(mo);
+    const int64_t h = m.config.hidden;
+    std::vector<float> all;
+    int64_t rows = o.tokens * n;
+    if (!o.input.empty()) {
+      FloatArray a = read_activations(o.input);
+      if (a.shape.size() != 2 || a.shape[1] != h)
+        throw std::invalid_argument("--input " + o.input + ": expected shape [rows, " + std::to_string(h) + "]");
+      rows = a.shape[0];
+      all = std::move(a.values);
+    } else {
+      all = random_activations(rows, h, o.model.seed);
+    }
+    if (rows % n != 0)
+      throw std::invalid_argument("--input " + o.input + ": " + std::to_string(rows) + " rows do not split over --ep " +
+                                  std::to_string(n) + " ranks (rows must be a multiple of the rank count)");
+    const int64_t t = rows / n;
+    ep::check_agreement(*comm, {{"--model", o.model.model},
+                                {"--layer", std::to_string(m.layer)},
+                                {"tokens per rank", std::to_string(t)},
+                                {"--schedule", o.schedule},
+                                {"--ep-mode", ep::exchange_mode_name(mode)},
+                                {"--isa", std::string(isa_name(isa))},
+                                {"--graph", o.graph ? "on" : "off"}});
+    const std::vector<float> x(all.begin() + r * t * h, all.begin() + (r + 1) * t * h);
+    std::vector<float> y(x.size());
+    auto dev = rt::make_cpu_device({.num_workers = o.threads});
+    MoeLayer layer(m.config, m.weights, *dev,
+                   {.max_tokens = std::max<int64_t>(t, 1),
+                    .policy = OverlapPolicy::from_env(),
+                    .isa = isa,
+                    .tuning = read_tuning_file(o.model.tuning),
+                    .comm = comm.get(),
+                    .ep_mode = mode});
+    const ForwardOptions fo{.schedule = schedule, .prefill = o.prefill, .check_input = true};
+    const auto t0 = std::chrono::steady_clock::now();
+    if (o.graph) {
+      const LayerGraph g = layer.capture(x.data(), t, y.data(), fo);
+      layer.replay(g, x.data(), t, y.data());
+    } else {
+      layer.forward(x.data(), t, y.data(), fo);
+    }
+    rt::current_stream(*dev).synchronize();
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    check_finite(y, h, " on rank " + std::to_string(r));
+    std::vector<float> out;
+    comm->gather_floats(y, out, 0);
+    if (r != 0) return;
+    if (!o.output.empty()) write_activations(o.output, out.data(), {rows, h});
+    std::printf("%s, layer %lld: %lld tokens on %d ranks (%lld each), experts split %lld-%lld per rank, schedule %s, "
+                "%s exchange%s, %d workers per rank: rank 0 %.1f us%s%s\n",
+                m.label.c_str(), static_cast<long long>(m.layer), static_cast<long long>(rows), n,
+                static_cast<long long>(t), static_cast<long long>(num_experts / n),
+                static_cast<long long>((num_experts + n - 1) / n), std::string(schedule_name(schedule)).c_str(),
+                ep::exchange_mode_name(mode), o.graph ? ", graph replay" : "", dev->num_workers(), us,
+                o.output.empty() ? "" : ", written to ", o.output.c_str());
+  });
+}
+
 void run_run(const RunOptions& o) {
-  apply_kernel_isa(o.model.isa);
+  if (o.ep > 0) return run_expert_parallel(o);
+  const Isa isa = kernel_isa(o.model.isa);
   const Schedule schedule = parse_schedule(o.schedule);
   LoadedModel m = load_model(o.model);
   const int64_t h = m.config.hidden;
@@ -43,6 +132,7 @@ void run_run(const RunOptions& o) {
   MoeLayer layer(m.config, m.weights, *dev,
                  {.max_tokens = std::max<int64_t>(tokens, 1),
                   .policy = OverlapPolicy::from_env(),
+                  .isa = isa,
                   .tuning = read_tuning_file(o.model.tuning)});
   const ForwardOptions fo{.schedule = schedule, .prefill = o.prefill, .check_input = true};
   const ScheduleDecision d = layer.effective_schedule(fo, tokens);
@@ -55,10 +145,7 @@ void run_run(const RunOptions& o) {
   }
   rt::current_stream(*dev).synchronize();
   const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  for (size_t i = 0; i < y.size(); ++i)
-    if (!std::isfinite(y[i]))
-      throw std::runtime_error("output has a non-finite value at token " + std::to_string(i / h) + ", column " +
-                               std::to_string(i % h) + " (check the weights)");
+  check_finite(y, h, "");
   if (!o.output.empty()) write_activations(o.output, y.data(), {tokens, h});
   double sq = 0;
   for (float v : y) sq += static_cast<double>(v) * v;
@@ -89,6 +176,17 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "worker threads (default: one per core)");
   cmd->add_flag("--prefill", o->prefill, "mark the call as prefill (stays serial under the decode-only policy)");
   cmd->add_flag("--graph", o->graph, "capture the forward as a graph and replay it");
+  cmd->add_option("--ep", o->ep,
+                  "expert parallelism over N MPI ranks (run under mpirun -n N): each rank maps 1/N of the experts "
+                  "and takes 1/N of the input rows; rank 0 writes the output")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--ep-mode", o->ep_mode, "exchange: normal (counts, then rows) or low-latency (one round)")
+      ->check(CLI::IsMember({"normal", "low-latency"}))
+      ->capture_default_str();
+  cmd->add_option("--ep-timeout-ms", o->ep_timeout_ms,
+                  "an exchange waiting longer than this for a peer fails, naming the peer (a dead or stalled rank)")
+      ->check(CLI::Range(1, 3600000))
+      ->capture_default_str();
   cmd->callback([o] { run_run(*o); });
 }
 

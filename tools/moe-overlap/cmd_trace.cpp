@@ -24,7 +24,7 @@ struct TraceOptions {
 };
 
 void run_trace(const TraceOptions& o) {
-  apply_kernel_isa(o.model.isa);
+  const Isa isa = kernel_isa(o.model.isa);
   const Schedule schedule = parse_schedule(o.schedule);
   LoadedModel m = load_model(o.model);
   const std::vector<float> x = random_activations(o.tokens, m.config.hidden, o.model.seed);
@@ -33,6 +33,7 @@ void run_trace(const TraceOptions& o) {
   MoeLayer layer(m.config, m.weights, *dev,
                  {.max_tokens = std::max<int64_t>(o.tokens, 1),
                   .policy = OverlapPolicy::from_env(),
+                  .isa = isa,
                   .tuning = read_tuning_file(o.model.tuning)});
   const ForwardOptions fo{.schedule = schedule, .prefill = o.prefill};
   rt::Stream main = rt::current_stream(*dev);

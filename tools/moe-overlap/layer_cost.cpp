@@ -25,7 +25,7 @@ ForwardCost forward_cost(const MoeConfig& c, const LayerWeights& w, const float*
   ForwardCost cost;
   const int64_t e = c.num_experts, k = c.top_k;
   std::vector<float> logits(static_cast<size_t>(tokens * e));
-  linear(x, tokens, c.hidden, w.router, 0, e, logits.data(), e);
+  linear_exact(best_isa(), x, tokens, c.hidden, w.router, 0, e, logits.data(), e);  // as the router op
   std::vector<float> scratch(static_cast<size_t>(routing_scratch_floats(c)));
   std::vector<int32_t> ids(static_cast<size_t>(k));
   std::vector<float> weights(static_cast<size_t>(k));

@@ -55,7 +55,7 @@ MachineFigures measure_machine(int threads, const void* probe_buffer, size_t pro
   m.read_gbps = measure_dram_read_gbps(threads, probe_buffer, probe_bytes);
   m.fp32_gflops = measure_peak_gflops(threads, PeakKind::kF32Fma);
   m.bf16_gflops = measure_peak_gflops(threads, PeakKind::kBf16Dot);
-  m.isa = std::string(isa_name(active_isa()));
+  m.isa = std::string(isa_name(best_isa()));  // the caller names the ISA its kernels run, if another
   try {  // the cache is a convenience: failing to write it is not an error
     nlohmann::json cache = read_cache();
     cache[cache_key(m.cpu, threads)] = m.to_json();
@@ -77,7 +77,7 @@ MachineFigures cached_machine(int threads) {
     m.read_gbps = it->value("read_gbps", 0.0);
     m.fp32_gflops = it->value("fp32_fma_gflops", 0.0);
     m.bf16_gflops = it->value("bf16_dot_gflops", 0.0);
-    m.isa = std::string(isa_name(active_isa()));
+    m.isa = std::string(isa_name(best_isa()));
     m.cached = true;
     return m;
   }

@@ -102,14 +102,14 @@ void add_isa_option(CLI::App* cmd, ModelOptions& o) {
       ->capture_default_str();
 }
 
-void apply_kernel_isa(const std::string& name) {
-  if (name == "auto") return;  // the best exact ISA, or MOE_KERNEL_ISA when set
+Isa kernel_isa(const std::string& name) {
+  if (name == "auto") return best_isa();
   const std::optional<Isa> isa = parse_isa(name);
   if (!isa) throw std::invalid_argument("--isa: expected auto, scalar, avx2, avx512 or avx512bf16, got '" + name + "'");
   if (!isa_supported(*isa))
     throw std::invalid_argument("--isa " + name + ": this CPU (or this build) does not support it; the best here is " +
                                 std::string(isa_name(best_isa())));
-  set_active_isa(*isa);
+  return *isa;
 }
 
 DType parse_dtype(const std::string& name) {
@@ -159,6 +159,15 @@ std::vector<float> random_activations(int64_t tokens, int64_t hidden, uint64_t s
   return x;
 }
 
+int64_t model_num_experts(const ModelOptions& o) {
+  if (std::filesystem::is_directory(o.model)) return load_hf_config(o.model).num_experts;
+  try {
+    return find_preset(o.model).config.num_experts;
+  } catch (const ConfigError& e) {
+    throw std::invalid_argument("--model: '" + o.model + "' is neither a directory nor a preset; " + e.what());
+  }
+}
+
 LoadedModel load_model(const ModelOptions& o) {
   LoadedModel m;
   const bool is_dir = std::filesystem::is_directory(o.model);
@@ -171,7 +180,7 @@ LoadedModel load_model(const ModelOptions& o) {
     m.layer = o.layer < 0 ? first_moe_layer(m.config) : o.layer;
     {
       Progress p("mapping layer " + std::to_string(m.layer) + " of " + o.model);
-      m.weights = load_layer(*dir, m.layer, o.experts);
+      m.weights = load_layer(*dir, m.layer, o.experts, o.first_expert);
     }
     m.weights.storage.emplace_back(dir);
     m.dtype = m.weights.experts.empty() ? DType::kBF16 : m.weights.experts[0].gate.dtype;
@@ -190,8 +199,8 @@ LoadedModel load_model(const ModelOptions& o) {
       throw std::invalid_argument("--layer " + std::to_string(m.layer) + ": not an MoE layer of " + preset->name);
     m.dtype = preset_dtype(o.dtype, m.config);
     m.config.fp8 = m.dtype == DType::kF8E4M3;
-    const int64_t local = o.experts < 0 ? m.config.num_experts : o.experts;
-    if (local < 1 || local > m.config.num_experts)
+    const int64_t local = o.experts < 0 ? m.config.num_experts - o.first_expert : o.experts;
+    if (local < 1 || o.first_expert + local > m.config.num_experts)
       throw std::invalid_argument("--experts: expected 1.." + std::to_string(m.config.num_experts) + ", got " +
                                   std::to_string(o.experts));
     const int64_t bytes = m.config.layer_weight_bytes(local, static_cast<int64_t>(dtype_size(m.dtype)));
@@ -202,11 +211,12 @@ LoadedModel load_model(const ModelOptions& o) {
           "--experts N (e.g. --experts 8, one expert-parallel rank's share)");
     {
       Progress p("generating " + preset->name + " weights (" + std::to_string(gib(bytes)).substr(0, 5) + " GiB)");
-      m.weights = make_random_weights(m.config, {.dtype = m.dtype, .seed = o.seed, .num_local_experts = local});
+      m.weights = make_random_weights(
+          m.config, {.dtype = m.dtype, .seed = o.seed, .num_local_experts = local, .first_expert = o.first_expert});
     }
     m.label = "preset " + preset->name + " (" + preset->description + ")";
   }
-  if (m.weights.num_local_experts() < m.config.num_experts)
+  if (m.weights.num_local_experts() < m.config.num_experts && o.first_expert == 0 && o.experts >= 0)
     m.notes.push_back("experts [0, " + std::to_string(m.weights.num_local_experts()) + ") of " +
                       std::to_string(m.config.num_experts) +
                       " kept: one expert-parallel rank's share; tokens routed elsewhere add nothing here");

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/linear.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -16,6 +17,7 @@ struct ModelOptions {
   std::string model = "qwen3-next-80b-a3b";
   int64_t layer = -1;    // -1: the first MoE layer
   int64_t experts = -1;  // -1: all; else keep experts [0, N) (one expert-parallel rank's share)
+  int64_t first_expert = 0;  // expert parallelism: this rank's range starts here (set by the command, not a flag)
   std::string dtype = "auto";  // presets: bf16 | f32 | fp8 (auto: fp8 for fp8 presets, else bf16)
   uint64_t seed = 0;
   bool reread = false;  // drop the checkpoint's cached pages first, so they are read anew in 2 MiB pages
@@ -30,7 +32,8 @@ void add_tuning_option(CLI::App* cmd, ModelOptions& options);
 void add_schedule_option(CLI::App* cmd, std::string& schedule);
 // Makes --isa the kernels' instruction set ("auto" leaves it); throws naming the flag when this CPU lacks it.
 // Each command calls it first, before anything measures or runs a kernel.
-void apply_kernel_isa(const std::string& isa);
+// The kernel ISA of --isa: best_isa() for "auto"; std::invalid_argument when unknown or not on this CPU.
+Isa kernel_isa(const std::string& isa);
 
 struct LoadedModel {
   MoeConfig config;
@@ -43,6 +46,9 @@ struct LoadedModel {
 // Loads or generates the layer; throws with one clear line on any problem. Prints progress on stderr when it
 // takes a while (generating or mapping gigabytes).
 LoadedModel load_model(const ModelOptions& options);
+// The number of routed experts of --model, read without loading any weight (a checkpoint's config.json, or
+// the preset's), so that an expert-parallel rank can compute its share first.
+int64_t model_num_experts(const ModelOptions& options);
 
 // Accepts bf16 | f32 | fp8.
 DType parse_dtype(const std::string& name);

@@ -30,7 +30,7 @@ inline bool lookup(const RoutedBuffers& b, int64_t row_tile, RowTile* out) {
 // split for the worst case (every pair local), those few experts would be a tile or two each and one
 // worker would do it all (measured: DeepSeek-V3 with 64 of 256 experts ran at 42-54% of the bandwidth).
 Grid expert_grid(const Context& c, int64_t cols) {
-  const int64_t pairs = c.tokens * c.config->top_k;
+  const int64_t pairs = c.expert_rows;
   const int64_t local = c.weights->num_local_experts();
   const int64_t row_tiles = max_row_tiles(pairs, local);
   const int64_t experts = std::max<int64_t>(c.config->num_experts, local);
@@ -40,7 +40,7 @@ Grid expert_grid(const Context& c, int64_t cols) {
 }
 
 void add_plan_reads(rt::Op& op, const Context& c) {
-  const int64_t pairs = c.tokens * c.config->top_k;
+  const int64_t pairs = c.expert_rows;
   const RoutedBuffers& b = c.routed;
   op.accesses.push_back(rt::reads(b.num_row_tiles, 4));
   op.accesses.push_back(
@@ -50,8 +50,9 @@ void add_plan_reads(rt::Op& op, const Context& c) {
 }  // namespace
 
 rt::Op make_experts_gate_up_op(const Context& c) {
+  const Isa isa = c.isa;
   const int64_t h = c.config->hidden, inter = c.config->moe_intermediate;
-  const size_t pairs = static_cast<size_t>(c.tokens * c.config->top_k);
+  const size_t pairs = static_cast<size_t>(c.expert_rows);
   const Grid grid = expert_grid(c, inter);
   const RoutedBuffers b = c.routed;
   const std::vector<ExpertWeights>* experts = &c.weights->experts;
@@ -61,7 +62,7 @@ rt::Op make_experts_gate_up_op(const Context& c) {
     RowTile rt_;
     if (!lookup(b, cell.row_block, &rt_)) return;
     const ExpertWeights& ew = (*experts)[static_cast<size_t>(rt_.expert)];
-    gate_up_silu(b.xg + rt_.r0 * h, rt_.r1 - rt_.r0, h, ew.gate, ew.up, cell.c0, cell.c1, b.hg + rt_.r0 * inter,
+    gate_up_silu(isa, b.xg + rt_.r0 * h, rt_.r1 - rt_.r0, h, ew.gate, ew.up, cell.c0, cell.c1, b.hg + rt_.r0 * inter,
                  inter);
   };
   add_plan_reads(op, c);
@@ -71,8 +72,9 @@ rt::Op make_experts_gate_up_op(const Context& c) {
 }
 
 rt::Op make_experts_down_op(const Context& c) {
+  const Isa isa = c.isa;
   const int64_t h = c.config->hidden, inter = c.config->moe_intermediate;
-  const size_t pairs = static_cast<size_t>(c.tokens * c.config->top_k);
+  const size_t pairs = static_cast<size_t>(c.expert_rows);
   const Grid grid = expert_grid(c, h);
   const RoutedBuffers b = c.routed;
   const std::vector<ExpertWeights>* experts = &c.weights->experts;
@@ -82,7 +84,7 @@ rt::Op make_experts_down_op(const Context& c) {
     RowTile rt_;
     if (!lookup(b, cell.row_block, &rt_)) return;
     const ExpertWeights& ew = (*experts)[static_cast<size_t>(rt_.expert)];
-    linear(b.hg + rt_.r0 * inter, rt_.r1 - rt_.r0, inter, ew.down, cell.c0, cell.c1, b.og + rt_.r0 * h, h);
+    linear(isa, b.hg + rt_.r0 * inter, rt_.r1 - rt_.r0, inter, ew.down, cell.c0, cell.c1, b.og + rt_.r0 * h, h);
   };
   add_plan_reads(op, c);
   op.accesses.push_back(rt::reads(b.hg, pairs * static_cast<size_t>(inter) * 4));

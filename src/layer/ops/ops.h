@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "ep/communicator.h"
+#include "kernels/linear.h"
 #include "model/config.h"
 #include "model/weights.h"
 #include "runtime/runtime.h"
@@ -59,6 +61,28 @@ struct SharedBuffers {
 
 inline constexpr int kMaxDispatchTiles = 16;
 
+// Expert parallelism (LayerOptions::comm): this rank's exchange buffers, for N ranks and C = max_tokens * k
+// rows per peer block (the most one rank can send another). Row i of a block is H floats.
+struct EpBuffers {
+  ep::Communicator* comm = nullptr;  // null: one process
+  ep::ExchangeMode mode = ep::ExchangeMode::kLowLatency;
+  int ranks = 1;
+  int64_t capacity = 0;           // C
+  int32_t* send_meta = nullptr;   // [N, 1 + C] rows to owner q, then the owner's local expert id of each row
+  float* send_rows = nullptr;     // [N, C, H] token rows to each owner, pairs ascending
+  int32_t* recv_meta = nullptr;   // [N, 1 + C] as send_meta, from each origin
+  float* recv_rows = nullptr;     // [N, C, H]
+  int32_t* recv_group = nullptr;  // [N, C] grouped row (xg, og) of each received row
+  int32_t* group_cursor = nullptr;  // [E_l] scratch of ep.group
+  float* back_rows = nullptr;     // [N, C, H] expert outputs back to each origin, in arrival order
+  float* ret_rows = nullptr;      // [N, C, H] this rank's rows back from each owner, in send order
+  // The exchanges' messages and progress, owned by the layer (one forward at a time per layer).
+  ep::Transfer* counts = nullptr;    // normal mode's count round
+  ep::Transfer* dispatch = nullptr;  // rows (and their expert ids) to the owners
+  ep::Transfer* combine = nullptr;   // expert outputs back to the origins
+  int* dispatch_phase = nullptr;     // 0 idle, 1 counts in flight, 2 rows in flight
+};
+
 struct Context {
   const MoeConfig* config = nullptr;
   const LayerWeights* weights = nullptr;
@@ -66,8 +90,13 @@ struct Context {
   float* y = nullptr;        // [T, H]
   int64_t tokens = 0;
   int num_workers = 1;
+  Isa isa = Isa::kScalar;    // the kernels every op of the call runs (LayerOptions::isa)
   RoutedBuffers routed;
   SharedBuffers shared;
+  // The most grouped rows the expert ops see (xg, hg, og): tokens * k in one process, N * C under expert
+  // parallelism (every rank's pairs may route here).
+  int64_t expert_rows = 0;
+  EpBuffers ep;
 };
 
 // A 2-D tiling of an [rows, cols] output: row blocks of `row_block`, and enough column blocks to give
@@ -112,5 +141,14 @@ rt::Op make_shared_gate_up_act_op(const Context& c);
 rt::Op concat_ops(std::string name, std::vector<rt::Op> parts);
 rt::Op make_fused_gate_up_op(const Context& c);
 rt::Op make_fused_down_op(const Context& c);
+
+// Expert parallelism (layer/ops/ep_ops.cpp), replacing "dispatch" and reading the rows "combine" sums from
+// ret_rows: ep.pack (rows to each owner), ep.dispatch (exchange), ep.group (received rows by local expert),
+// experts.*, ep.return (outputs in arrival order), ep.combine (exchange back), combine.
+rt::Op make_ep_pack_op(const Context& c);
+rt::Op make_ep_dispatch_op(const Context& c);
+rt::Op make_ep_group_op(const Context& c);
+rt::Op make_ep_return_op(const Context& c);
+rt::Op make_ep_combine_op(const Context& c);
 
 }  // namespace moe::ops

@@ -11,6 +11,7 @@ constexpr int64_t kTokensPerTile = 32;
 }
 
 rt::Op make_router_op(const Context& c) {
+  const Isa isa = c.isa;
   const int64_t t = c.tokens, h = c.config->hidden, e = c.config->num_experts;
   const Grid grid = make_grid((t + kTokensPerTile - 1) / kTokensPerTile, kTokensPerTile, t, e, c.num_workers);
   const WeightView w = c.weights->router;
@@ -20,7 +21,7 @@ rt::Op make_router_op(const Context& c) {
   op.tile = [=](int tile) {
     const Grid::Cell cell = grid.cell(tile);
     if (cell.r0 >= cell.r1) return;
-    linear_exact(x + cell.r0 * h, cell.r1 - cell.r0, h, w, cell.c0, cell.c1, logits + cell.r0 * e, e);
+    linear_exact(isa, x + cell.r0 * h, cell.r1 - cell.r0, h, w, cell.c0, cell.c1, logits + cell.r0 * e, e);
   };
   op.accesses = {rt::reads(x, static_cast<size_t>(t * h) * 4), rt::writes(logits, static_cast<size_t>(t * e) * 4)};
   return op;

@@ -25,6 +25,7 @@ Grid token_grid(const Context& c, int64_t cols) {
 }  // namespace
 
 rt::Op make_shared_gate_op(const Context& c) {
+  const Isa isa = c.isa;
   const int64_t t = c.tokens, h = c.config->hidden;
   const WeightView w = c.weights->shared_gate;
   const float* x = c.x;
@@ -32,7 +33,7 @@ rt::Op make_shared_gate_op(const Context& c) {
   rt::Op op{.name = "shared_gate", .num_tiles = static_cast<int>((t + kTokensPerTile - 1) / kTokensPerTile)};
   op.tile = [=](int tile) {
     const int64_t t0 = tile * kTokensPerTile, t1 = std::min(t0 + kTokensPerTile, t);
-    linear_exact(x + t0 * h, t1 - t0, h, w, 0, 1, gate + t0, 1);
+    linear_exact(isa, x + t0 * h, t1 - t0, h, w, 0, 1, gate + t0, 1);
     for (int64_t i = t0; i < t1; ++i) gate[i] = sigmoid(gate[i]);
   };
   op.accesses = {rt::reads(x, static_cast<size_t>(t * h) * 4), rt::writes(gate, static_cast<size_t>(t) * 4)};
@@ -42,6 +43,7 @@ rt::Op make_shared_gate_op(const Context& c) {
 namespace {
 // g and u (act = false), or h = silu(g) * u per tile through gate_up_silu (act = true): the same bits.
 rt::Op shared_gate_up(const Context& c, bool act) {
+  const Isa isa = c.isa;
   const int64_t t = c.tokens, h = c.config->hidden, is = c.config->shared_intermediate;
   const Grid grid = token_grid(c, is);
   const ExpertWeights w = c.weights->shared;
@@ -53,11 +55,11 @@ rt::Op shared_gate_up(const Context& c, bool act) {
     if (cell.r0 >= cell.r1) return;
     const float* xr = x + cell.r0 * h;
     if (act) {
-      gate_up_silu(xr, cell.r1 - cell.r0, h, w.gate, w.up, cell.c0, cell.c1, b.h + cell.r0 * is, is);
+      gate_up_silu(isa, xr, cell.r1 - cell.r0, h, w.gate, w.up, cell.c0, cell.c1, b.h + cell.r0 * is, is);
       return;
     }
-    linear(xr, cell.r1 - cell.r0, h, w.gate, cell.c0, cell.c1, b.g + cell.r0 * is, is);
-    linear(xr, cell.r1 - cell.r0, h, w.up, cell.c0, cell.c1, b.u + cell.r0 * is, is);
+    linear(isa, xr, cell.r1 - cell.r0, h, w.gate, cell.c0, cell.c1, b.g + cell.r0 * is, is);
+    linear(isa, xr, cell.r1 - cell.r0, h, w.up, cell.c0, cell.c1, b.u + cell.r0 * is, is);
   };
   const size_t hidden_bytes = static_cast<size_t>(t * is) * 4;
   op.accesses = {rt::reads(x, static_cast<size_t>(t * h) * 4)};
@@ -75,12 +77,13 @@ rt::Op make_shared_gate_up_op(const Context& c) { return shared_gate_up(c, false
 rt::Op make_shared_gate_up_act_op(const Context& c) { return shared_gate_up(c, true); }
 
 rt::Op make_shared_act_op(const Context& c) {
+  const Isa isa = c.isa;
   const int64_t n = c.tokens * c.config->shared_intermediate;
   const SharedBuffers b = c.shared;
   rt::Op op{.name = "shared.act", .num_tiles = static_cast<int>((n + kActChunk - 1) / kActChunk)};
   op.tile = [=](int tile) {
     const int64_t i0 = tile * kActChunk, i1 = std::min(i0 + kActChunk, n);
-    silu_mul(b.g + i0, b.u + i0, b.h + i0, i1 - i0);
+    silu_mul(isa, b.g + i0, b.u + i0, b.h + i0, i1 - i0);
   };
   op.accesses = {rt::reads(b.g, static_cast<size_t>(n) * 4), rt::reads(b.u, static_cast<size_t>(n) * 4),
                  rt::writes(b.h, static_cast<size_t>(n) * 4)};
@@ -88,6 +91,7 @@ rt::Op make_shared_act_op(const Context& c) {
 }
 
 rt::Op make_shared_down_op(const Context& c) {
+  const Isa isa = c.isa;
   const int64_t t = c.tokens, h = c.config->hidden, is = c.config->shared_intermediate;
   const Grid grid = token_grid(c, h);
   const WeightView w = c.weights->shared.down;
@@ -96,7 +100,7 @@ rt::Op make_shared_down_op(const Context& c) {
   op.tile = [=](int tile) {
     const Grid::Cell cell = grid.cell(tile);
     if (cell.r0 >= cell.r1) return;
-    linear(b.h + cell.r0 * is, cell.r1 - cell.r0, is, w, cell.c0, cell.c1, b.out + cell.r0 * h, h);
+    linear(isa, b.h + cell.r0 * is, cell.r1 - cell.r0, is, w, cell.c0, cell.c1, b.out + cell.r0 * h, h);
   };
   op.accesses = {rt::reads(b.h, static_cast<size_t>(t * is) * 4), rt::writes(b.out, static_cast<size_t>(t * h) * 4)};
   return op;

@@ -9,6 +9,7 @@ constexpr int64_t kTokensPerTile = 16;
 }
 
 rt::Op make_sum_op(const Context& c) {
+  const Isa isa = c.isa;
   const int64_t t = c.tokens, h = c.config->hidden;
   const Grid grid = make_grid((t + kTokensPerTile - 1) / kTokensPerTile, kTokensPerTile, t, h, c.num_workers);
   const float* routed = c.routed.routed;
@@ -20,7 +21,7 @@ rt::Op make_sum_op(const Context& c) {
     const Grid::Cell cell = grid.cell(tile);
     for (int64_t i = cell.r0; i < cell.r1; ++i) {
       const int64_t at = i * h + cell.c0;
-      scale_add(y + at, routed + at, shared + at, gate != nullptr ? gate[i] : 1.0f, cell.c1 - cell.c0);  // 1 * s == s
+      scale_add(isa, y + at, routed + at, shared + at, gate != nullptr ? gate[i] : 1.0f, cell.c1 - cell.c0);  // 1 * s == s
     }
   };
   const size_t n = static_cast<size_t>(t * h) * 4;

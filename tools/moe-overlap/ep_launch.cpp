@@ -1,0 +1,28 @@
+#include "ep_launch.h"
+
+#include <stdexcept>
+#include <string>
+
+#ifdef MOE_HAVE_MPI
+#include "ep/mpi_communicator.h"
+#endif
+
+namespace moe::tools {
+
+std::unique_ptr<ep::Communicator> join_ranks(int expected, std::chrono::milliseconds timeout) {
+#ifdef MOE_HAVE_MPI
+  std::unique_ptr<ep::Communicator> comm = ep::MpiCommunicator::init(nullptr, nullptr, timeout);
+  if (comm->size() != expected)
+    throw std::invalid_argument("--ep " + std::to_string(expected) + ": the MPI world has " +
+                                std::to_string(comm->size()) + " rank(s); start it with mpirun -n " +
+                                std::to_string(expected));
+  return comm;
+#else
+  (void)timeout;
+  throw std::invalid_argument("--ep " + std::to_string(expected) +
+                              ": this build has no MPI (install openmpi-bin and libopenmpi-dev, e.g. with "
+                              "scripts/install-deps.sh, and rebuild)");
+#endif
+}
+
+}  // namespace moe::tools

@@ -1,0 +1,34 @@
+// Joining the ranks of an expert-parallel job (`--ep N` under mpirun) for the commands that run a layer.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "ep/communicator.h"
+
+namespace moe::tools {
+
+// The MPI ranks of this job; std::invalid_argument when the world has a size other than `expected` (naming
+// both) or when this build has no MPI (naming what to install).
+std::unique_ptr<ep::Communicator> join_ranks(int expected, std::chrono::milliseconds timeout);
+
+// Runs `body`; on an exception prints one line naming this rank and ends every rank of the job (a rank that
+// fails alone would leave its peers waiting in an exchange).
+template <class F>
+void on_every_rank(ep::Communicator& comm, F&& body);
+
+}  // namespace moe::tools
+
+#include <cstdio>
+#include <exception>
+
+template <class F>
+void moe::tools::on_every_rank(ep::Communicator& comm, F&& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moe-overlap: error: rank %d of %d: %s\n", comm.rank(), comm.size(), e.what());
+    std::fflush(stderr);
+    comm.abort(1);
+  }
+}
