@@ -26,6 +26,16 @@ struct RunOptions {
   int ep_timeout_ms = 10000;
 };
 
+// --input's rows (rows set to their count), or `rows` seeded random ones.
+std::vector<float> input_rows(const RunOptions& o, int64_t h, int64_t& rows) {
+  if (o.input.empty()) return random_activations(rows, h, o.model.seed);
+  FloatArray a = read_activations(o.input);
+  if (a.shape.size() != 2 || a.shape[1] != h)
+    throw std::invalid_argument("--input " + o.input + ": expected shape [tokens, " + std::to_string(h) + "]");
+  rows = a.shape[0];
+  return std::move(a.values);
+}
+
 void check_finite(const std::vector<float>& y, int64_t h, const std::string& where) {
   for (size_t i = 0; i < y.size(); ++i)
     if (!std::isfinite(y[i]))
@@ -53,17 +63,8 @@ void run_expert_parallel(const RunOptions& o) {
     mo.experts = ep::first_expert(num_experts, n, r + 1) - mo.first_expert;
     LoadedModel m = load_model(mo);
     const int64_t h = m.config.hidden;
-    std::vector<float> all;
     int64_t rows = o.tokens * n;
-    if (!o.input.empty()) {
-      FloatArray a = read_activations(o.input);
-      if (a.shape.size() != 2 || a.shape[1] != h)
-        throw std::invalid_argument("--input " + o.input + ": expected shape [rows, " + std::to_string(h) + "]");
-      rows = a.shape[0];
-      all = std::move(a.values);
-    } else {
-      all = random_activations(rows, h, o.model.seed);
-    }
+    const std::vector<float> all = input_rows(o, h, rows);
     if (rows % n != 0)
       throw std::invalid_argument("--input " + o.input + ": " + std::to_string(rows) + " rows do not split over --ep " +
                                   std::to_string(n) + " ranks (rows must be a multiple of the rank count)");
@@ -116,17 +117,8 @@ void run_run(const RunOptions& o) {
   const Schedule schedule = parse_schedule(o.schedule);
   LoadedModel m = load_model(o.model);
   const int64_t h = m.config.hidden;
-  std::vector<float> x;
   int64_t tokens = o.tokens;
-  if (!o.input.empty()) {
-    FloatArray a = read_activations(o.input);
-    if (a.shape.size() != 2 || a.shape[1] != h)
-      throw std::invalid_argument("--input " + o.input + ": expected shape [tokens, " + std::to_string(h) + "]");
-    tokens = a.shape[0];
-    x = std::move(a.values);
-  } else {
-    x = random_activations(tokens, h, o.model.seed);
-  }
+  const std::vector<float> x = input_rows(o, h, tokens);
   std::vector<float> y(static_cast<size_t>(tokens * h));
   auto dev = rt::make_cpu_device({.num_workers = o.threads});
   MoeLayer layer(m.config, m.weights, *dev,

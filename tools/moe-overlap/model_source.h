@@ -22,7 +22,7 @@ struct ModelOptions {
   uint64_t seed = 0;
   bool reread = false;  // drop the checkpoint's cached pages first, so they are read anew in 2 MiB pages
   std::string tuning;  // --tuning FILE: the table behind --schedule auto (bench --tune writes one)
-  std::string isa = "auto";  // kernels: auto (MOE_KERNEL_ISA, else the best exact one) | scalar | avx2 | avx512 | avx512bf16
+  std::string isa = "auto";  // kernels: auto (the best exact one) | scalar | avx2 | avx512 | avx512bf16
 };
 void add_model_options(CLI::App* cmd, ModelOptions& options);
 // --isa and --tuning, for the commands that run the layer (info only describes it).
@@ -30,8 +30,6 @@ void add_isa_option(CLI::App* cmd, ModelOptions& options);
 void add_tuning_option(CLI::App* cmd, ModelOptions& options);
 // --schedule (run, trace): a runnable schedule's name or "auto".
 void add_schedule_option(CLI::App* cmd, std::string& schedule);
-// Makes --isa the kernels' instruction set ("auto" leaves it); throws naming the flag when this CPU lacks it.
-// Each command calls it first, before anything measures or runs a kernel.
 // The kernel ISA of --isa: best_isa() for "auto"; std::invalid_argument when unknown or not on this CPU.
 Isa kernel_isa(const std::string& isa);
 
