@@ -2,7 +2,12 @@
 // per-expert and fused layouts; one or many shards); load_layer must give back exactly make_random_weights()
 // of the same seed, as views into the mapped files. Broken directories fail naming the tensor and file.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -167,13 +172,191 @@ TEST(Checkpoint, SeveralLayersAndLayerErrors) {
   expect_error([&] { load_layer(md, 0); }, {"layer 0", "dense"});
   expect_error([&] { load_layer(md, 4); }, {"layer 4", "out of range"});
   expect_error([&] { load_layer(md, 2); }, {"model.layers.2.mlp.gate.weight", "[16, 64]", "model.safetensors"});
-  expect_error([&] { load_layer(md, 1, 17); }, {"num_local_experts"});
+  expect_error([&] { load_layer(md, 1, 17); }, {"experts [0, 17)", "do not fit"});
   o.layers = {0};
   expect_error([&] { write_checkpoint(dir / "x", c, o); }, {"layer 0", "not an MoE layer"});
   CheckpointOptions fused;
   fused.dtype = DType::kF8E4M3;
   fused.fused_experts = true;
   expect_error([&] { write_checkpoint(dir / "y", c, fused); }, {"fused", "fp8"});
+  EXPECT_FALSE(fs::exists(dir / "x"));  // an invalid request creates nothing
+  EXPECT_FALSE(fs::exists(dir / "y"));
+}
+
+std::vector<std::string> listing(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Whether `dir` loads as a checkpoint whose layer equals make_random_weights() of `seed`.
+void expect_loads(const std::string& dir, const MoeConfig& c, uint64_t seed, const std::string& what) {
+  ModelDir md(dir);
+  const int64_t layer = c.first_k_dense_replace;
+  RandomWeightOptions r;
+  r.seed = seed;
+  expect_layer_equal(load_layer(md, layer), make_random_weights(c, r), c, what);
+}
+
+// A checkpoint written over another replaces it as a whole (no stale shard or index of the old one is
+// left); files that are not a checkpoint's stay.
+TEST(Checkpoint, WritingOverACheckpointReplacesItWhole) {
+  ScratchDir dir;
+  const MoeConfig c = tiny("qwen1.5-moe-a2.7b");
+  test::write_bytes(dir / "notes.txt", "mine");
+  CheckpointOptions sharded;
+  sharded.shard_bytes = 40'000;
+  sharded.seed = 1;
+  write_checkpoint(dir.path(), c, sharded);
+  EXPECT_TRUE(fs::exists(dir / "model.safetensors.index.json"));
+  expect_loads(dir.path(), c, 1, "sharded");
+  CheckpointOptions single;
+  single.seed = 2;
+  write_checkpoint(dir.path(), c, single);
+  EXPECT_EQ(listing(dir.path()), (std::vector<std::string>{"config.json", "model.safetensors", "notes.txt"}));
+  expect_loads(dir.path(), c, 2, "single over sharded");
+  sharded.seed = 3;
+  write_checkpoint(dir.path(), c, sharded);
+  EXPECT_FALSE(fs::exists(dir / "model.safetensors"));
+  expect_loads(dir.path(), c, 3, "sharded over single");
+  for (const std::string& n : listing(dir.path()))
+    EXPECT_TRUE(n == "config.json" || n == "notes.txt" || n == "model.safetensors.index.json" ||
+                (n.rfind("model-000", 0) == 0 && n.size() > 12 && n.substr(n.size() - 12) == ".safetensors"))
+        << n;
+}
+
+// What a killed write leaves (staged files, and the temporaries of the writer before staging) never loads,
+// and the next write into the directory removes it; other files stay.
+TEST(Checkpoint, LeftoversOfAKilledWriteAreRemovedByTheNext) {
+  ScratchDir dir;
+  const MoeConfig c = tiny("qwen3-next-80b-a3b");
+  const std::vector<std::string> leftovers = {
+      "config.json.partial", "model.safetensors.partial", "model-00001-of-00003.safetensors.partial.tmp.4242",
+      "model.safetensors.index.json.partial", "config.json.tmp", "model.safetensors.tmp.77"};
+  const std::vector<std::string> others = {"config.json.partial.bak", "notes.partial", "model.safetensors.tmp.x"};
+  for (const auto& n : leftovers) test::write_bytes(dir / n, "{}");
+  for (const auto& n : others) test::write_bytes(dir / n, "{}");
+  expect_error([&] { ModelDir m(dir.path()); }, {"config.json", "cannot open"});
+  write_checkpoint(dir.path(), c, {});
+  for (const auto& n : leftovers) EXPECT_FALSE(fs::exists(dir / n)) << n;
+  for (const auto& n : others) EXPECT_TRUE(fs::exists(dir / n)) << n;
+  expect_loads(dir.path(), c, 0, "after leftovers");
+}
+
+// A final name that cannot be replaced (a directory) fails before anything changes: the checkpoint there
+// still loads, unchanged, and no staged file is left.
+TEST(Checkpoint, AFailureBeforeTheCommitChangesNothing) {
+  ScratchDir dir;
+  const MoeConfig c = tiny("qwen1.5-moe-a2.7b");
+  CheckpointOptions o;
+  o.seed = 4;
+  write_checkpoint(dir.path(), c, o);
+  fs::create_directories(dir / "model-00002-of-00003.safetensors/x");
+  const std::vector<std::string> before = listing(dir.path());
+  CheckpointOptions fused;
+  fused.fused_experts = true;
+  fused.shard_bytes = 40'000;  // router + shared expert, gate_up_proj, down_proj
+  fused.seed = 5;
+  expect_error([&] { write_checkpoint(dir.path(), c, fused); },
+               {dir / "model-00002-of-00003.safetensors", "is a directory"});
+  EXPECT_EQ(listing(dir.path()), before);
+  expect_loads(dir.path(), c, 4, "after the failed write");
+}
+
+// Runs `f` in a child process whose files may not pass `limit` bytes (RLIMIT_FSIZE). With `ignore_signal`
+// a write past the limit fails with EFBIG (as on a full disk); without it SIGXFSZ kills the child half way.
+// Returns the child's wait status; f's return value is its exit code.
+int run_with_file_size_limit(uint64_t limit, bool ignore_signal, const std::function<int()>& f) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (ignore_signal) ::signal(SIGXFSZ, SIG_IGN);
+    const rlimit r{limit, limit};
+    ::setrlimit(RLIMIT_FSIZE, &r);
+    int code = 99;
+    try {
+      code = f();
+    } catch (...) {
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return status;
+}
+
+// The fused tiny checkpoint in three shards (about 20 KiB, 128 KiB, 64 KiB): with files limited to 50 000
+// bytes the first shard is written whole and the second fails half way.
+CheckpointOptions three_shards(uint64_t seed) {
+  CheckpointOptions o;
+  o.fused_experts = true;
+  o.shard_bytes = 40'000;
+  o.seed = seed;
+  return o;
+}
+
+TEST(Checkpoint, AWriteFailingHalfWayLeavesNothing) {
+  ScratchDir root;
+  const MoeConfig c = tiny("qwen1.5-moe-a2.7b");
+  const std::string fresh = root / "new/model";
+  // A new directory (and its new parent) is removed again; the error names the file and the cause.
+  int st = run_with_file_size_limit(50'000, true, [&] {
+    try {
+      write_checkpoint(fresh, c, three_shards(1));
+    } catch (const IoError& e) {
+      const std::string m = e.what();
+      return m.find(fresh + "/model-00002-of-00003.safetensors") != std::string::npos &&
+                     m.find("File too large") != std::string::npos
+                 ? 0
+                 : 2;
+    }
+    return 1;
+  });
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "1: no error, 2: an error that does not name the shard and EFBIG";
+  EXPECT_FALSE(fs::exists(root / "new"));
+  // A checkpoint that was there stays as it was.
+  const std::string kept = root / "kept";
+  write_checkpoint(kept, c, three_shards(1));
+  const std::vector<std::string> before = listing(kept);
+  st = run_with_file_size_limit(50'000, true, [&] {
+    write_checkpoint(kept, c, three_shards(2));
+    return 1;
+  });
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 99);  // it threw
+  EXPECT_EQ(listing(kept), before);
+  expect_loads(kept, c, 1, "after the failed write");
+}
+
+TEST(Checkpoint, AWriteKilledHalfWayLeavesNothingThatLoads) {
+  ScratchDir root;
+  const MoeConfig c = tiny("qwen1.5-moe-a2.7b");
+  const std::string fresh = root / "model";
+  int st = run_with_file_size_limit(50'000, false, [&] {
+    write_checkpoint(fresh, c, three_shards(1));
+    return 1;
+  });
+  ASSERT_TRUE(WIFSIGNALED(st)) << st;
+  EXPECT_EQ(WTERMSIG(st), SIGXFSZ);
+  ASSERT_TRUE(fs::is_directory(fresh));
+  EXPECT_FALSE(fs::exists(fresh + "/config.json"));
+  expect_error([&] { ModelDir m(fresh); }, {"config.json"});
+  // Over a checkpoint: the old one still loads.
+  write_checkpoint(fresh, c, three_shards(1));
+  st = run_with_file_size_limit(50'000, false, [&] {
+    write_checkpoint(fresh, c, three_shards(2));
+    return 1;
+  });
+  ASSERT_TRUE(WIFSIGNALED(st)) << st;
+  expect_loads(fresh, c, 1, "after the killed write");
+  // The next complete write leaves exactly the checkpoint.
+  write_checkpoint(fresh, c, three_shards(2));
+  EXPECT_EQ(listing(fresh), (std::vector<std::string>{"config.json", "model-00001-of-00003.safetensors",
+                                                     "model-00002-of-00003.safetensors",
+                                                     "model-00003-of-00003.safetensors",
+                                                     "model.safetensors.index.json"}));
+  expect_loads(fresh, c, 2, "after the rewrite");
 }
 
 // Rewrites one safetensors file of `dir` through `edit` (which may drop, rename or reshape tensors).

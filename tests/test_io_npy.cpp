@@ -76,6 +76,24 @@ TEST(Npy, ReadsNumpySpellingsAndBf16Bits) {
   EXPECT_EQ(read_activations(dir / "b.npy").values[1], -3.0f);
 }
 
+// Arrays with a zero dimension hold no values (found by fuzz_npy: the copy of zero values used to pass a
+// null pointer to memcpy, undefined behaviour that UBSan reports).
+TEST(Npy, EmptyArraysParse) {
+  const FloatArray a = parse(npy("{'descr': '<f4', 'fortran_order': False, 'shape': (0, 64), }", ""));
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{0, 64}));
+  EXPECT_TRUE(a.values.empty());
+  const FloatArray b = parse(npy("{'descr': '<u2', 'fortran_order': False, 'shape': (3, 0), }", ""));
+  EXPECT_EQ(b.shape, (std::vector<int64_t>{3, 0}));
+  EXPECT_TRUE(b.values.empty());
+  ScratchDir dir;
+  write_npy(dir / "e.npy", nullptr, {0, 8});
+  EXPECT_EQ(read_activations(dir / "e.npy").shape, (std::vector<int64_t>{0, 8}));
+  write_activations(dir / "e.safetensors", nullptr, {0, 8});
+  const FloatArray c = read_activations(dir / "e.safetensors");
+  EXPECT_EQ(c.shape, (std::vector<int64_t>{0, 8}));
+  EXPECT_TRUE(c.values.empty());
+}
+
 TEST(Npy, MalformedFilesAreRejected) {
   auto rejects = [](const std::string& bytes, const std::string& word) {
     expect_error([&] { parse(bytes); }, {"x.npy", word}, word);

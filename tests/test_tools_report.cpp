@@ -1,9 +1,13 @@
 // The pieces of the tools that turn a trace into figures and files: overlap statistics, Chrome trace JSON,
 // the SVG timeline, and the all-or-nothing file writer.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "output_file.h"
@@ -82,6 +86,76 @@ TEST(OutputFile, AFailedWriteLeavesNothing) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos);
   }
+}
+
+std::string contents(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+// A batch of outputs appears whole at commit(); one that fails on the way removes what it staged, leaving
+// the files that were there before as they were.
+TEST(OutputFile, ABatchIsAllOrNothing) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("moe-batch-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string a = (dir / "a.json").string(), b = (dir / "b.svg").string(), c = (dir / "c.json").string();
+  {
+    OutputBatch batch;
+    write_file_atomically(a, "A");
+    write_file_atomically(b, "B");
+    EXPECT_FALSE(std::filesystem::exists(a));  // staged only
+    EXPECT_TRUE(std::filesystem::exists(a + ".tmp"));
+    batch.commit();
+  }
+  EXPECT_EQ(contents(a), "A");
+  EXPECT_EQ(contents(b), "B");
+  EXPECT_FALSE(std::filesystem::exists(a + ".tmp"));
+  // The third output fails (its directory is missing): the first two keep their previous contents.
+  try {
+    OutputBatch batch;
+    write_file_atomically(a, "A2");
+    write_file_atomically(b, "B2");
+    write_file_atomically((dir / "missing" / "c.json").string(), "C2");
+    batch.commit();
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find((dir / "missing" / "c.json").string()), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(contents(a), "A");
+  EXPECT_EQ(contents(b), "B");
+  EXPECT_FALSE(std::filesystem::exists(a + ".tmp"));
+  EXPECT_FALSE(std::filesystem::exists(b + ".tmp"));
+  // A path that is a directory, or given twice, fails before anything is renamed; outside a batch too.
+  std::filesystem::create_directories(dir / "sub");
+  EXPECT_THROW(write_file_atomically((dir / "sub").string(), "x"), std::runtime_error);
+  {
+    OutputBatch batch;
+    write_file_atomically(c, "C");
+    EXPECT_THROW(write_file_atomically(c, "C again"), std::runtime_error);
+  }
+  EXPECT_FALSE(std::filesystem::exists(c));
+  EXPECT_FALSE(std::filesystem::exists(c + ".tmp"));
+  // Without a batch a write is immediate again.
+  write_file_atomically(c, "C");
+  EXPECT_EQ(contents(c), "C");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(OutputFile, PathsAreCheckedUpFront) {
+  const std::string tmp = std::filesystem::temp_directory_path().string();
+  EXPECT_NO_THROW(check_output_paths({{"--json", tmp + "/moe-x.json"}, {"--svg", ""}, {"--tune", "moe-y.json"}}));
+  auto message = [](const std::vector<std::pair<std::string, std::string>>& outs) {
+    try {
+      check_output_paths(outs);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message({{"--svg", "/nonexistent-dir/x.svg"}}),
+            "--svg '/nonexistent-dir/x.svg': cannot write: directory '/nonexistent-dir' does not exist");
+  EXPECT_EQ(message({{"--out", tmp}}), "--out '" + tmp + "': cannot write: it is a directory");
+  EXPECT_EQ(message({{"--json", "r.json"}, {"--tune", "r.json"}}), "--tune 'r.json': the same path as --json");
 }
 
 }  // namespace

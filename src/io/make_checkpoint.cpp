@@ -1,8 +1,13 @@
 #include "io/make_checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 
@@ -60,20 +65,159 @@ std::vector<TensorSpec> plan_layer(const MoeConfig& c, const CheckpointOptions& 
   return out;
 }
 
-void write_text_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out.flush()) throw IoError("cannot write '" + tmp + "'");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw IoError("cannot rename '" + tmp + "' to '" + path + "'");
+// Crash safety of the directory. The loader takes a directory for a model only with config.json in it
+// (ModelDir reads it before anything else), so config.json is the commit record of a checkpoint: it is the
+// last file to get its name, and it is removed before any other file of the checkpoint changes.
+//   1. Stage: every shard, the index and config.json are written in full under a staging name, NAME.partial
+//      (a shard as NAME.partial.tmp.PID while it is written), and flushed to disk. A failure or a kill here
+//      leaves the directory as it was: a checkpoint already there still loads, unchanged, and a new
+//      directory holds no config.json.
+//   2. Check that every final name can be replaced (none is a directory), still before anything changes.
+//   3. Remove config.json: from here the directory does not load.
+//   4. Remove the previous checkpoint's files that this one does not replace (a stale index would shadow
+//      model.safetensors; stale shards would only waste space), rename the shards and the index into place.
+//   5. Rename config.json into place: the directory loads again, as the new checkpoint.
+// A kill in 3-5 leaves no config.json, so nothing loads. Staging names are never opened by the loader (it reads
+// config.json, the index and the shards it names, or model.safetensors); a failure removes its own, and the
+// next write into the directory removes those a kill left. The checkpoint is not written into a sibling
+// directory renamed over this one at the end: that needs a writable parent, fails for a mount point, and
+// cannot replace a directory that holds anything else without deleting it.
+const char* const kStaging = ".partial";
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
+
+// A file name make-checkpoint writes for a checkpoint: config.json, the index, model.safetensors, or
+// model-NNNNN-of-NNNNN.safetensors.
+bool is_checkpoint_name(const std::string& n) {
+  if (n == "config.json" || n == TensorStore::kIndexName || n == TensorStore::kSingleName) return true;
+  return n.rfind("model-", 0) == 0 && n.find("-of-") != std::string::npos && ends_with(n, ".safetensors");
+}
+
+// What an interrupted write leaves: NAME.partial, NAME.partial.tmp.PID, and the NAME.tmp / NAME.tmp.PID of
+// earlier versions of this writer, for NAME a checkpoint file name.
+bool is_staging_leftover(std::string n) {
+  const size_t dot = n.rfind('.');
+  if (dot != std::string::npos && dot + 1 < n.size() && n.find_first_not_of("0123456789", dot + 1) == std::string::npos) {
+    n.resize(dot);  // NAME[.partial].tmp.PID -> NAME[.partial].tmp
+    if (!ends_with(n, ".tmp")) return false;
+  }
+  bool staged = false;
+  for (const char* suffix : {".tmp", kStaging})
+    if (ends_with(n, suffix)) {
+      n.resize(n.size() - std::strlen(suffix));
+      staged = true;
+    }
+  return staged && is_checkpoint_name(n);
+}
+
+void sync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);  // the renames and removals before this reach the disk first; where refused, nothing more to do
+  ::close(fd);
+}
+
+// `path` written in full and flushed to disk, or removed and IoError.
+void write_text_file(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) throw IoError("cannot create '" + path + "': " + std::strerror(errno));
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 &&
+            ::fsync(::fileno(f)) == 0;
+  int err = ok ? 0 : errno;
+  if (std::fclose(f) != 0 && ok) {
+    ok = false;
+    err = errno;
+  }
+  if (!ok) {
+    ::unlink(path.c_str());
+    throw IoError("writing '" + path + "' failed: " + std::strerror(err));
+  }
+}
+
+// The staged files of one write, removed unless the write commits; and the directories it created, removed
+// (when empty) after a failure.
+class Staging {
+ public:
+  explicit Staging(std::string dir) : dir_(std::move(dir)) {}
+  ~Staging() {
+    std::error_code ec;
+    for (const std::string& n : names_) fs::remove(staged(n), ec);
+    for (const fs::path& d : created_) fs::remove(d, ec);  // deepest first; only an empty one goes
+  }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+
+  // Creates the directory (and missing parents), remembering which were new.
+  void create_directory() {
+    std::vector<fs::path> missing;
+    std::error_code ec;
+    for (fs::path p = fs::absolute(dir_, ec); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+      missing.push_back(p);
+      if (p == p.parent_path()) break;
+    }
+    fs::create_directories(dir_, ec);
+    if (ec) throw IoError("cannot create directory '" + dir_ + "': " + ec.message());
+    if (!fs::is_directory(dir_, ec)) throw IoError("cannot create directory '" + dir_ + "': it is a file");
+    created_ = missing;
+  }
+  // Removes what an interrupted write into this directory left.
+  void remove_leftovers() {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir_, ec))
+      if (is_staging_leftover(e.path().filename().string())) fs::remove(e.path(), ec);
+  }
+
+  std::string final(const std::string& name) const { return (fs::path(dir_) / name).string(); }
+  std::string staged(const std::string& name) const { return final(name) + kStaging; }
+  // `name` is about to be written under staged(name).
+  void add(const std::string& name) { names_.push_back(name); }
+
+  void commit() {
+    std::error_code ec;
+    for (const std::string& n : names_)
+      if (fs::is_directory(final(n), ec))
+        throw IoError("cannot write '" + final(n) + "': it is a directory");
+    // From here until config.json is back, the directory holds no checkpoint that loads.
+    const std::string broken = " (the directory '" + dir_ + "' now holds no loadable checkpoint; write it again)";
+    auto step = [&](bool ok, const std::string& what) {
+      if (!ok) throw IoError(what + ": " + std::strerror(errno) + broken);
+    };
+    const std::string config = final("config.json");
+    step(::unlink(config.c_str()) == 0 || errno == ENOENT, "cannot remove '" + config + "'");
+    sync_directory(dir_);
+    std::vector<std::string> previous;
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      const std::string n = e.path().filename().string();
+      if (is_checkpoint_name(n) && !e.is_directory(ec) && std::find(names_.begin(), names_.end(), n) == names_.end())
+        previous.push_back(n);
+    }
+    if (ec) throw IoError("cannot list '" + dir_ + "': " + ec.message() + broken);
+    for (const std::string& n : previous)
+      step(::unlink(final(n).c_str()) == 0 || errno == ENOENT, "cannot remove the previous '" + final(n) + "'");
+    auto put_in_place = [&](const std::string& n) {
+      step(std::rename(staged(n).c_str(), final(n).c_str()) == 0, "cannot rename '" + staged(n) + "' to '" + final(n) + "'");
+    };
+    for (const std::string& n : names_)
+      if (n != "config.json") put_in_place(n);
+    sync_directory(dir_);  // every shard and the index in place before config.json appears
+    if (std::find(names_.begin(), names_.end(), "config.json") != names_.end()) put_in_place("config.json");
+    names_.clear();
+    sync_directory(dir_);
+    created_.clear();
+  }
+
+ private:
+  std::string dir_;
+  std::vector<std::string> names_;  // the file names this write stages
+  std::vector<fs::path> created_;
+};
 
 // Routes each tensor's bytes to the writer of its shard; shards are opened and finished in order.
 class ShardedSink {
  public:
-  ShardedSink(const std::string& dir, const std::vector<TensorSpec>& plan, uint64_t shard_bytes) : dir_(dir) {
+  ShardedSink(Staging& staging, const std::vector<TensorSpec>& plan, uint64_t shard_bytes) : staging_(staging) {
     uint64_t used = 0;
     for (const auto& t : plan) {
       const uint64_t n = tensor_bytes(t.dtype, t.shape);
@@ -99,7 +243,8 @@ class ShardedSink {
     if (!writer_ || s != current_) {
       if (writer_) writer_->finish();
       current_ = s;
-      writer_ = std::make_unique<SafetensorsWriter>((fs::path(dir_) / file_name(s)).string(), shards_[s],
+      staging_.add(file_name(s));
+      writer_ = std::make_unique<SafetensorsWriter>(staging_.staged(file_name(s)), shards_[s],
                                                     std::map<std::string, std::string>{{"format", "pt"}});
     }
     writer_->write(name, data, bytes);
@@ -127,7 +272,7 @@ class ShardedSink {
   }
 
  private:
-  std::string dir_;
+  Staging& staging_;
   std::vector<std::vector<TensorSpec>> shards_;
   std::map<std::string, size_t> shard_of_;
   std::unique_ptr<SafetensorsWriter> writer_;
@@ -201,24 +346,24 @@ void write_checkpoint(const std::string& dir, const MoeConfig& config, const Che
       if (layers[a] == layers[b]) throw ConfigError("make-checkpoint: layer " + std::to_string(layers[a]) + " listed twice");
   }
   const std::string json = hf_config_json(c);  // throws before any file is written for an inexpressible config
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw IoError("cannot create directory '" + dir + "': " + ec.message());
   std::vector<TensorSpec> plan;
   for (int64_t l : layers) {
     auto part = plan_layer(c, o, l);
     plan.insert(plan.end(), part.begin(), part.end());
   }
-  ShardedSink sink(dir, plan, o.shard_bytes);
+  Staging staging(dir);
+  staging.create_directory();
+  staging.remove_leftovers();
+  ShardedSink sink(staging, plan, o.shard_bytes);
   for (int64_t l : layers) write_layer(sink, c, o, l);
   sink.finish_all();
-  const fs::path index = fs::path(dir) / TensorStore::kIndexName;
   if (sink.num_shards() > 1) {
-    write_text_file(index.string(), sink.index().dump(2) + "\n");
-  } else {
-    fs::remove(index, ec);  // a stale index would shadow model.safetensors
+    staging.add(TensorStore::kIndexName);
+    write_text_file(staging.staged(TensorStore::kIndexName), sink.index().dump(2) + "\n");
   }
-  write_text_file((fs::path(dir) / "config.json").string(), json);
+  staging.add("config.json");
+  write_text_file(staging.staged("config.json"), json);
+  staging.commit();
 }
 
 }  // namespace moe

@@ -29,8 +29,12 @@ struct CheckpointOptions {
   uint64_t chunk_bytes = uint64_t{256} << 20;  // expert weights generated at a time
 };
 
-// Writes into `dir` (created if needed; existing files of the same names are replaced). Throws ConfigError for
-// an invalid config or layer list, IoError for a file that cannot be written.
+// Writes into `dir` (created if needed). A checkpoint already there is replaced as a whole (its config.json,
+// index and model*.safetensors files; other files stay). All or nothing: on an error nothing changes (a
+// directory created for the write is removed again), and a write killed half way leaves either the previous
+// checkpoint, unchanged, or a directory without config.json, which does not load (the commit protocol is in
+// make_checkpoint.cpp). Throws ConfigError for an
+// invalid config or layer list, IoError naming the file for one that cannot be written.
 void write_checkpoint(const std::string& dir, const MoeConfig& config, const CheckpointOptions& options);
 
 }  // namespace moe

@@ -1,5 +1,6 @@
 #include "io/npy.h"
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -138,14 +139,21 @@ void write_npy_raw(const std::string& path, const char* descr, const void* data,
   for (size_t i = 0; i < (v2 ? 4u : 2u); ++i) head += static_cast<char>((hl >> (8 * i)) & 0xff);
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
+  // Written whole to PATH.tmp, then renamed: a failure half way leaves neither file.
   const std::string tmp = path + ".tmp";
+  bool written = false;
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out << head << dict;
     out.write(static_cast<const char*>(data), static_cast<std::streamsize>(static_cast<size_t>(numel) * elem));
-    if (!out.flush()) throw IoError("cannot write '" + tmp + "'");
+    written = static_cast<bool>(out.flush());
+    out.close();
+    written = written && !out.fail();
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw IoError("cannot rename '" + tmp + "' to '" + path + "'");
+  if (!written || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw IoError("cannot write '" + path + "'" + (written ? " (rename failed)" : " (disk full or not writable?)"));
+  }
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -180,7 +188,7 @@ FloatArray parse_npy(const uint8_t* bytes, uint64_t size, const std::string& sou
   a.values.resize(static_cast<size_t>(n));
   const uint8_t* src = bytes + prefix + hl;
   if (elem == 4) {
-    std::memcpy(a.values.data(), src, static_cast<size_t>(n) * 4);
+    if (n > 0) std::memcpy(a.values.data(), src, static_cast<size_t>(n) * 4);  // an empty vector's data() may be null
   } else {
     for (int64_t i = 0; i < n; ++i) {
       uint16_t b;
@@ -224,7 +232,7 @@ FloatArray read_activations_safetensors(const std::string& path, const std::stri
   a.values.resize(static_cast<size_t>(t.numel()));
   const auto* src = static_cast<const uint8_t*>(f->data(t));
   if (t.dtype == StDType::kF32) {
-    std::memcpy(a.values.data(), src, t.bytes());
+    if (t.bytes() > 0) std::memcpy(a.values.data(), src, t.bytes());  // as in parse_npy: no null memcpy
   } else {
     for (size_t i = 0; i < a.values.size(); ++i) {
       uint16_t b;

@@ -94,8 +94,12 @@ void SafetensorsWriter::finish() {
   if (current_ != tensors_.size())
     throw IoError("safetensors writer '" + path_ + "': tensor '" + tensors_[current_].name + "' incomplete (" +
                   std::to_string(written_) + " of " + std::to_string(sizes_[current_]) + " bytes)");
+  // On disk before the rename: after a crash the name holds the whole file or is absent (or the old file).
+  const bool synced = std::fflush(out_) == 0 && ::fsync(::fileno(out_)) == 0;
+  const int sync_errno = errno;
   const int rc = std::fclose(out_);
   out_ = nullptr;
+  if (!synced) throw IoError("writing '" + tmp_path_ + "' failed: " + std::strerror(sync_errno));
   if (rc != 0) throw IoError("closing '" + tmp_path_ + "' failed: " + std::strerror(errno));
   if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0)
     throw IoError("renaming '" + tmp_path_ + "' to '" + path_ + "' failed: " + std::strerror(errno));

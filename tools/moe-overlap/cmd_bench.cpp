@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <utility>
 #include <unistd.h>
 #include <cstdio>
 
@@ -220,6 +221,8 @@ void settle(MoeLayer& layer, rt::Stream& main, DeviceTimer& timer, const std::ve
 }
 
 void run_bench(const BenchOptions& o) {
+  // An output that cannot be written fails now, not after the measurements.
+  check_output_paths({{"--json", o.json}, {"--svg", o.svg}, {"--tune", o.tune}});
   std::vector<Variant> variants;
   for (const std::string& name : split_list(o.schedules)) {
     const Schedule s = parse_schedule(name);
@@ -228,6 +231,7 @@ void run_bench(const BenchOptions& o) {
   }
   const std::vector<int64_t> token_counts = parse_token_list(o.tokens, "--tokens", 1 << 16);
   if (o.repeats < 1) throw std::invalid_argument("--repeats: expected >= 1");
+  TuningTable tuning = read_tuning_file(o.model.tuning);  // a bad file fails before the measurements
   auto dev = rt::make_cpu_device({.num_workers = o.threads});
   BenchReport report;
   const Isa isa = kernel_isa(o.model.isa);
@@ -271,7 +275,7 @@ void run_bench(const BenchOptions& o) {
   LayerOptions lo{.max_tokens = max_tokens,
                   .policy = o.no_policy ? OverlapPolicy::always() : OverlapPolicy::from_env(),
                   .isa = isa,
-                  .tuning = read_tuning_file(o.model.tuning)};
+                  .tuning = std::move(tuning)};
   MoeLayer layer(m.config, m.weights, *dev, lo);
   rt::Stream main = rt::current_stream(*dev);
   std::vector<float> y(static_cast<size_t>(max_tokens * m.config.hidden));
@@ -353,10 +357,13 @@ void run_bench(const BenchOptions& o) {
     if (isatty(STDERR_FILENO)) std::fprintf(stderr, "  %lld tokens done\n", static_cast<long long>(t));
   }
   report.peak_rss_bytes = peak_rss_bytes();
-  std::fputs(bench_table(report).c_str(), stdout);
+  // All the outputs or none: a failure writing one removes those written before it.
+  OutputBatch outputs;
   if (!o.json.empty()) write_file_atomically(o.json, bench_json(report).dump(1));
   if (!o.svg.empty()) write_bench_svg(report, o.svg);
   if (!o.tune.empty()) write_tuning_file(o.tune, report);
+  outputs.commit();
+  std::fputs(bench_table(report).c_str(), stdout);
 }
 
 }  // namespace

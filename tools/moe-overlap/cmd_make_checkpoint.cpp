@@ -1,6 +1,10 @@
 // `moe-overlap make-checkpoint`: a valid Hugging Face model directory (config.json, sharded safetensors with
-// the family's real tensor names, seeded random weights) for any preset at any size.
+// the family's real tensor names, seeded random weights) for any preset at any size. On any error, nothing of
+// it appears: a new directory is not left behind, and one that held a checkpoint keeps it (write_checkpoint
+// stages every file and commits with config.json last; an interrupted write leaves no directory that loads).
 #include <cstdio>
+#include <stdexcept>
+#include <string>
 
 #include "commands.h"
 #include "io/make_checkpoint.h"
@@ -22,6 +26,8 @@ struct MakeOptions {
 };
 
 void run_make(const MakeOptions& o) {
+  if (!(o.shard_mib >= 0 && o.shard_mib <= 1 << 24))  // NaN included
+    throw std::invalid_argument("--shard-mib: expected a size in MiB in [0, 16777216], got " + std::to_string(o.shard_mib));
   MoeConfig c = find_preset(o.preset).config;
   const double ratio_shared = c.moe_intermediate > 0 ? static_cast<double>(c.shared_intermediate) /
                                                            static_cast<double>(c.moe_intermediate)

@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "layer/moe_layer.h"
 #include "model_source.h"
+#include "output_file.h"
 #include "tuning_file.h"
 #include "overlap_stats.h"
 #include "trace_export.h"
@@ -24,6 +25,7 @@ struct TraceOptions {
 };
 
 void run_trace(const TraceOptions& o) {
+  check_output_paths({{"--out", o.out}, {"--svg", o.svg}});  // before the work, not after it
   const Isa isa = kernel_isa(o.model.isa);
   const Schedule schedule = parse_schedule(o.schedule);
   LoadedModel m = load_model(o.model);
@@ -53,8 +55,10 @@ void run_trace(const TraceOptions& o) {
   const std::string title = m.label + ", layer " + std::to_string(m.layer) + ", " + std::to_string(o.tokens) +
                             " tokens, schedule " + std::string(schedule_name(d.schedule)) + (o.graph ? " (graph replay)" : "") + ", " +
                             std::to_string(dev->num_workers()) + " workers";
+  OutputBatch outputs;  // both files or neither
   write_chrome_trace(trace, o.out);
   if (!o.svg.empty()) write_timeline_svg(trace, title, o.svg);
+  outputs.commit();
   const OverlapStats s = overlap_stats(trace);
   std::printf("%s\n", title.c_str());
   if (!d.reason.empty()) std::printf("note: %s\n", d.reason.c_str());
