@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -42,8 +43,10 @@ class Cli : public ::testing::Test {
   static std::string model() { return (dir_ / "model").string(); }
   static std::string path(const std::string& name) { return (dir_ / name).string(); }
 
-  static Result run(const std::string& args) {
-    const std::string cmd = "XDG_CACHE_HOME=" + (dir_ / "cache").string() + " " MOE_OVERLAP_BIN " " + args + " 2>&1";
+  // `shell` runs first in the same sh -c (e.g. "ulimit -f 100;"), and the command is exec'd after it.
+  static Result run(const std::string& args, const std::string& shell = "") {
+    const std::string cmd = shell + " XDG_CACHE_HOME=" + (dir_ / "cache").string() + " exec " MOE_OVERLAP_BIN " " +
+                            args + " 2>&1";
     Result r;
     FILE* p = popen(cmd.c_str(), "r");
     if (!p) return r;
@@ -63,8 +66,41 @@ class Cli : public ::testing::Test {
     EXPECT_LE(std::count(r.out.begin(), r.out.end(), '\n'), 2) << "expected one clear line:\n" << r.out;
   }
 
+  // Neither the file nor its temporary (PATH.tmp) exists.
+  static void expect_absent(const std::vector<std::string>& paths, const std::string& context) {
+    for (const std::string& p : paths) {
+      EXPECT_FALSE(fs::exists(p)) << context << ": " << p << " was left";
+      EXPECT_FALSE(fs::exists(p + ".tmp")) << context << ": " << p << ".tmp was left";
+    }
+  }
+
+  // The file names in a directory, sorted.
+  static std::vector<std::string> listing(const std::string& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  static std::string read_file(const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  }
+
   static inline fs::path dir_;
 };
+
+// The small checkpoint of these tests in the fused layout, in 3 shards: the router and shared expert
+// (~20 KiB), experts.gate_up_proj (128 KiB) and experts.down_proj (64 KiB).
+std::string fused_checkpoint(const std::string& out, int seed) {
+  return "make-checkpoint --preset qwen3-next-80b-a3b --hidden 64 --intermediate 32 --num-experts 16 --shared 48 "
+         "--top-k 4 --fused --shard-mib 0.05 --seed " + std::to_string(seed) + " --out " + out;
+}
+// A file size limit of 100 blocks of 512 bytes (dash's unit; bash's 1 KiB is also below the second shard's
+// size): the first shard is written whole, the second fails half way. With SIGXFSZ ignored the write fails
+// with EFBIG, as on a full disk; by default the signal kills the process in the middle of the write.
+const char* const kFailingWrites = "trap '' XFSZ; ulimit -f 100;";
+const char* const kKilledWrites = "ulimit -f 100;";
 
 TEST_F(Cli, RunWritesTheOutputAndEverySchedulesAgreesBitwise) {
   std::vector<float> serial;
@@ -237,6 +273,136 @@ TEST_F(Cli, TraceWritesChromeJsonAndTimeline) {
   EXPECT_NE(text.find("marker-end"), std::string::npos);  // event arrows
 }
 
+// bench writes its outputs all or none: a bad flag or input, or an output that cannot be written, leaves
+// none of them, and an output that fails at the end removes those written before it.
+TEST_F(Cli, BenchErrorsLeaveNoOutput) {
+  // A quick bench of `model` with `schedules`, and `extra` flags.
+  auto bench = [](const std::string& model, const std::string& schedules, const std::string& extra) {
+    return "bench --model " + model + " --tokens 1 --repeats 1 --warmup 0 --settle-ms 0 --evict-mib 0 --threads 1 "
+           "--schedules " + schedules + " " + extra;
+  };
+  const std::string json = path("e.json"), svg = path("e.svg"), tune = path("e-tune.json");
+  const std::string outs = "--json " + json + " --svg " + svg + " --tune " + tune;
+  const std::vector<std::string> all = {json, svg, tune};
+  expect_error(bench(model(), "serial", outs + " --bogus-flag"), "bogus");
+  expect_absent(all, "bad flag");
+  expect_error(bench(model(), "serial,warp", outs), "warp");
+  expect_absent(all, "bad schedule");
+  std::ofstream(path("e-bad-tune.json")) << R"({"table": 5})";
+  expect_error(bench(model(), "serial", outs + " --tuning " + path("e-bad-tune.json")), "e-bad-tune.json");
+  expect_absent(all, "bad tuning file");
+  // An unwritable output fails up front, naming it.
+  expect_error(bench(model(), "serial", "--json " + json + " --svg " + path("no-such-dir/e.svg")),
+               path("no-such-dir/e.svg") + "': cannot write: directory");
+  expect_error(bench(model(), "serial", "--json " + json + " --tune " + dir_.string()),
+               dir_.string() + "': cannot write: it is a directory");
+  expect_error(bench(model(), "serial", "--json " + json + " --tune " + json), "the same path as --json");
+  expect_absent(all, "unwritable output");
+  // The SVG fails only when written (its temporary's name is taken by a directory), after the JSON was:
+  // the JSON goes too, and the file that was there before stays as it was.
+  std::ofstream(json) << "previous";
+  fs::create_directories(svg + ".tmp");
+  expect_error(bench(model(), "serial", outs), "cannot write '" + svg + "'");
+  EXPECT_EQ(read_file(json), "previous");
+  fs::remove(svg + ".tmp");
+  fs::remove(json);
+  expect_absent(all, "late failure");
+}
+
+TEST_F(Cli, TraceErrorsLeaveNoOutput) {
+  auto trace = [](const std::string& model, const std::string& extra) {
+    return "trace --model " + model + " --tokens 2 --threads 1 " + extra;
+  };
+  const std::string json = path("et.json"), svg = path("et.svg");
+  const std::string outs = "--out " + json + " --svg " + svg;
+  expect_error(trace(model(), outs + " --bogus-flag"), "bogus");
+  expect_error(trace(model(), outs + " --schedule fastest"), "--schedule");
+  expect_error(trace(model(), outs + " --isa sse9"), "--isa");
+  expect_error(trace(path("missing"), outs), "missing");
+  expect_error(trace(model(), outs + " --experts 99"), "99");
+  expect_absent({json, svg}, "bad input");
+  expect_error(trace(model(), "--out " + path("no-such-dir/et.json") + " --svg " + svg), path("no-such-dir/et.json"));
+  expect_error(trace(model(), "--out " + json + " --svg " + dir_.string()),
+               dir_.string() + "': cannot write: it is a directory");
+  expect_absent({json, svg}, "unwritable output");
+  fs::create_directories(svg + ".tmp");
+  expect_error(trace(model(), outs), "cannot write '" + svg + "'");
+  fs::remove(svg + ".tmp");
+  expect_absent({json, svg}, "late failure");
+}
+
+TEST_F(Cli, MakeCheckpointErrorsLeaveNoDirectory) {
+  auto make = [](const std::string& preset, const std::string& out, const std::string& extra) {
+    return "make-checkpoint --preset " + preset + " --hidden 64 --intermediate 32 --num-experts 16 --out " + out + " " +
+           extra;
+  };
+  const std::string out = path("bad-ckpt");
+  const std::string qwen = "qwen3-next-80b-a3b";
+  expect_error(make(qwen, out, "--bogus-flag"), "bogus");
+  expect_error(make(qwen, out, "--dtype fp9"), "--dtype");
+  expect_error(make("no-such-model", out, ""), "no-such-model");
+  expect_error(make(qwen, out, "--top-k 17"), "num_experts_per_tok");
+  expect_error(make(qwen, out, "--layers 99"), "layer 99");
+  expect_error(make(qwen, out, "--shard-mib -1"), "--shard-mib");
+  expect_error(make(qwen, out, "--fused --dtype fp8"), "fused");
+  EXPECT_FALSE(fs::exists(out));
+  // An output that cannot be a directory, named in the message.
+  std::ofstream(path("plain-file")) << "x";
+  expect_error(make(qwen, path("plain-file"), ""), path("plain-file"));
+  expect_error(make(qwen, path("plain-file/sub"), ""), path("plain-file/sub"));
+  EXPECT_EQ(read_file(path("plain-file")), "x");
+}
+
+// A write that fails half way (the second of three shards, as on a full disk) leaves nothing behind: a new
+// directory is removed again, and a checkpoint that was there still loads, unchanged.
+TEST_F(Cli, MakeCheckpointFailingHalfWayLeavesNothingThatLoads) {
+  const std::string fresh = path("half-fresh");
+  Result r = run(fused_checkpoint(fresh, 5), kFailingWrites);
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("File too large"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(fresh + "/model-00002-of-00003.safetensors"), std::string::npos) << r.out;
+  EXPECT_LE(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_FALSE(fs::exists(fresh)) << (fs::exists(fresh) ? ::testing::PrintToString(listing(fresh)) : "");
+
+  const std::string kept = path("half-kept");
+  ASSERT_EQ(run(fused_checkpoint(kept, 5)).status, 0);
+  const std::vector<std::string> files = listing(kept);
+  r = run("run --model " + kept + " --tokens 2 --output " + path("half-before.npy"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run(fused_checkpoint(kept, 6), kFailingWrites);
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_EQ(listing(kept), files);  // no staged file left
+  r = run("run --model " + kept + " --tokens 2 --output " + path("half-after.npy"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(read_file(path("half-before.npy")), read_file(path("half-after.npy")));
+}
+
+// A write killed half way (SIGXFSZ in the second shard) has no chance to clean up: a new directory is left
+// without config.json and does not load, a checkpoint that was there still loads unchanged, and the next
+// write removes what the killed one left.
+TEST_F(Cli, MakeCheckpointKilledHalfWayLeavesNothingThatLoads) {
+  const std::string fresh = path("killed-fresh");
+  Result r = run(fused_checkpoint(fresh, 5), kKilledWrites);
+  EXPECT_NE(r.status, 0) << r.out;
+  ASSERT_TRUE(fs::is_directory(fresh));
+  EXPECT_FALSE(fs::exists(fresh + "/config.json"));
+  expect_error("run --model " + fresh + " --tokens 1", "config.json");
+  r = run(fused_checkpoint(fresh, 5));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(listing(fresh), (std::vector<std::string>{"config.json", "model-00001-of-00003.safetensors",
+                                                     "model-00002-of-00003.safetensors",
+                                                     "model-00003-of-00003.safetensors",
+                                                     "model.safetensors.index.json"}));
+  r = run("run --model " + fresh + " --tokens 2 --output " + path("killed-before.npy"));
+  ASSERT_EQ(r.status, 0) << r.out;
+
+  r = run(fused_checkpoint(fresh, 6), kKilledWrites);
+  EXPECT_NE(r.status, 0) << r.out;
+  r = run("run --model " + fresh + " --tokens 2 --output " + path("killed-after.npy"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(read_file(path("killed-before.npy")), read_file(path("killed-after.npy")));
+}
+
 TEST_F(Cli, InfoAndHelpForEverySubcommand) {
   const Result r = run("info --model " + model());
   ASSERT_EQ(r.status, 0) << r.out;
@@ -246,6 +412,59 @@ TEST_F(Cli, InfoAndHelpForEverySubcommand) {
     EXPECT_EQ(h.status, 0) << sub;
     EXPECT_NE(h.out.find("--"), std::string::npos) << sub;
   }
+}
+
+// A router whose scores all but tie (every weight within 1e-9 of zero) makes every token a near tie, which the
+// fp64 comparison skips: check fails past --max-skipped-share instead of passing with nothing compared, and
+// passes when the share allowed covers them.
+TEST_F(Cli, CheckFailsWhenTooManyTokensAreSkippedAsNearTies) {
+  const std::string ties = path("near-ties");
+  const Result made = run("make-checkpoint --preset qwen3-next-80b-a3b --hidden 64 --intermediate 32 --num-experts 16 "
+                          "--shared 48 --top-k 4 --dtype f32 --seed 3 --out " + ties);
+  ASSERT_EQ(made.status, 0) << made.out;
+  // The router (mlp.gate.weight, f32) rewritten in place. A safetensors file: the header's size (8 bytes,
+  // little endian), the JSON header (dtype, shape, data_offsets from the end of the header), the data.
+  int patched = 0;
+  for (const auto& e : fs::directory_iterator(ties)) {
+    if (e.path().extension() != ".safetensors") continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t n = 0;
+    f.read(reinterpret_cast<char*>(&n), sizeof n);
+    std::string header(n, '\0');
+    f.read(header.data(), static_cast<std::streamsize>(n));
+    const nlohmann::json tensors = nlohmann::json::parse(header);
+    for (const auto& [name, t] : tensors.items()) {
+      if (!name.ends_with(".mlp.gate.weight")) continue;
+      ASSERT_EQ(t["dtype"], "F32") << name;
+      const uint64_t begin = t["data_offsets"][0], end = t["data_offsets"][1];
+      std::vector<float> w((end - begin) / sizeof(float));
+      uint64_t s = 12345;
+      for (float& v : w) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        v = 1e-9f * (static_cast<float>(s >> 40) / static_cast<float>(1 << 24) - 0.5f);
+      }
+      f.seekp(static_cast<std::streamoff>(sizeof n + n + begin));
+      f.write(reinterpret_cast<const char*>(w.data()), static_cast<std::streamsize>(w.size() * sizeof(float)));
+      ASSERT_TRUE(f.good()) << e.path();
+      ++patched;
+    }
+  }
+  ASSERT_EQ(patched, 1);
+
+  Result r = run("check --model " + ties + " --tokens 1,4 --threads 2");
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("FAIL  fp64 reference: 5 of 5 tokens skipped as near ties (100%), more than "
+                       "--max-skipped-share 0.25 allows"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("nothing compared (every one of the 4 tokens skipped as a near tie)"), std::string::npos) << r.out;
+  r = run("check --model " + ties + " --tokens 1,4 --threads 2 --max-skipped-share 1");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("PASS  fp64 reference: 5 of 5 tokens skipped as near ties (100%; --max-skipped-share 1)"),
+            std::string::npos) << r.out;
+  // The checkpoint's own router routes decisively: nothing skipped, under the default share.
+  r = run("check --model " + model() + " --tokens 1,4 --threads 2");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("PASS  fp64 reference: 0 of 5 tokens skipped as near ties"), std::string::npos) << r.out;
+  expect_error("check --model " + ties + " --max-skipped-share 1.5", "--max-skipped-share");
 }
 
 }  // namespace

@@ -1,6 +1,10 @@
 // `moe-overlap check`: every schedule against serial (bitwise) and serial against the fp64 reference, for a
 // model, a preset, or every family at small sizes (--tiny); optionally under the stream sanitizer and the
 // schedule fuzzer. Exits non-zero when anything differs.
+//
+// Tokens whose fp64 routing is a near tie may legitimately route differently in fp32 and are not compared
+// with the reference; a run in which more than --max-skipped-share of the tokens were skipped fails, since
+// its reference comparison checked little or nothing (a router whose scores all but tie, for instance).
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -23,6 +27,7 @@ struct CheckOptions {
   std::string tokens = "1,3,16,64";
   int threads = 0;
   bool tiny = false, sanitize = false, fuzz = false, graph = false;
+  double max_skipped_share = 0.25;  // of all tokens of the run, skipped as near ties
 };
 
 // fp32 arithmetic against fp64 on the same weight values: the error grows with the reduction length. On
@@ -61,6 +66,25 @@ class Checker {
   }
   int failures() const { return failures_; }
   int checks() const { return checks_; }
+
+  // Fails when more than --max-skipped-share of the tokens compared with the reference were skipped as near
+  // ties (as tests/test_layer.cpp bounds its skips): past it the comparison checked too little to pass.
+  void check_skipped_share() {
+    if (reference_tokens_ == 0) return;
+    const double share = static_cast<double>(skipped_) / static_cast<double>(reference_tokens_);
+    char buf[400];
+    if (share <= o_.max_skipped_share) {
+      std::snprintf(buf, sizeof buf, "fp64 reference: %lld of %lld tokens skipped as near ties (%.0f%%; "
+                    "--max-skipped-share %g)", static_cast<long long>(skipped_),
+                    static_cast<long long>(reference_tokens_), 100 * share, o_.max_skipped_share);
+    } else {
+      std::snprintf(buf, sizeof buf, "fp64 reference: %lld of %lld tokens skipped as near ties (%.0f%%), more "
+                    "than --max-skipped-share %g allows: the reference comparison checked too little (does the "
+                    "router give nearly equal scores to many experts?)", static_cast<long long>(skipped_),
+                    static_cast<long long>(reference_tokens_), 100 * share, o_.max_skipped_share);
+    }
+    report(share <= o_.max_skipped_share, buf);
+  }
 
  private:
   void report(bool ok, const std::string& what) {
@@ -138,15 +162,25 @@ class Checker {
       }
       worst = std::max(worst, err / scale);
     }
+    skipped_ += skipped;
+    reference_tokens_ += t;
     char buf[160];
-    std::snprintf(buf, sizeof buf, " serial vs fp64 reference: max error %.2e of max |y| (tolerance %.1e)%s", worst,
-                  tolerance(isa_, c, w), skipped ? (", " + std::to_string(skipped) + " near-tie tokens skipped").c_str() : "");
+    if (t > 0 && skipped == t) {
+      std::snprintf(buf, sizeof buf,
+                    " serial vs fp64 reference: nothing compared (every one of the %lld tokens skipped as a near tie)",
+                    static_cast<long long>(t));
+    } else {
+      const std::string note = skipped ? ", " + std::to_string(skipped) + " near-tie tokens skipped" : "";
+      std::snprintf(buf, sizeof buf, " serial vs fp64 reference: max error %.2e of max |y| (tolerance %.1e)%s", worst,
+                    tolerance(isa_, c, w), note.c_str());
+    }
     report(worst <= tolerance(isa_, c, w), at + buf);
   }
 
   const CheckOptions& o_;
   const Isa isa_;
   int failures_ = 0, checks_ = 0;
+  int64_t skipped_ = 0, reference_tokens_ = 0;  // over the whole run
 };
 
 void run_check(const CheckOptions& o) {
@@ -164,6 +198,7 @@ void run_check(const CheckOptions& o) {
     for (const std::string& n : m.notes) std::printf("note: %s\n", n.c_str());
     checker.check_model(m.label + " layer " + std::to_string(m.layer), m.config, m.weights);
   }
+  checker.check_skipped_share();
   std::printf("%d checks, %d passed, %d failed\n", checker.checks(), checker.checks() - checker.failures(),
               checker.failures());
   if (checker.failures() > 0) throw std::runtime_error(std::to_string(checker.failures()) + " checks failed");
@@ -178,6 +213,11 @@ void add_check_command(CLI::App& app) {
   add_isa_option(cmd, o->model);
   cmd->add_option("--tokens", o->tokens, "token counts to check")->capture_default_str();
   cmd->add_option("--threads", o->threads, "worker threads (default: one per core)");
+  cmd->add_option("--max-skipped-share", o->max_skipped_share,
+                  "fail when more than this share of the tokens is skipped as near ties in the fp64 reference "
+                  "comparison (a near tie may route differently in fp32); 1 never fails")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   cmd->add_flag("--tiny", o->tiny, "every family and routing variant at small sizes, f32/bf16/fp8 (ignores --model)");
   cmd->add_flag("--graph", o->graph, "also capture each schedule as a graph and replay it (and fuzz/sanitize replays)");
   cmd->add_flag("--sanitize", o->sanitize, "also run under the stream sanitizer (vector clocks over byte ranges)");
