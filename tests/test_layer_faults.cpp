@@ -19,6 +19,7 @@
 #include "check/tiny_configs.h"
 #include "layer/moe_layer.h"
 #include "layer_test_inputs.h"
+#include "runtime/graph.h"
 #include "runtime/sanitizer.h"
 #include "runtime/schedule_fuzz.h"
 
@@ -196,6 +197,25 @@ TEST(PlantedFaults, TheUnalteredPlacementsPassBoth) {
     });
     EXPECT_TRUE(out.ok()) << schedule_name(s) << ": " << out.summary();
   }
+}
+
+// A layer whose last forward() was captured into a caller's graph (its events recorded inside that capture)
+// is destroyed without waiting on them (nothing of it runs but the graph's replays) and without aborting.
+TEST(LayerLifetime, DestroyedAfterAForwardCapturedByTheCaller) {
+  const Fixture f;
+  auto dev = rt::make_cpu_device({.num_workers = 2});
+  rt::Stream main = dev->default_stream();
+  std::vector<float> y(f.x.size());
+  rt::GraphExec exec;
+  {
+    MoeLayer layer(f.config, f.weights, *dev, f.options);
+    rt::begin_capture(main);
+    layer.forward(f.x.data(), kTokens, y.data(), {.schedule = Schedule::kDual});
+    exec = rt::end_capture(main).instantiate();
+    exec.launch(main);
+    main.synchronize();
+  }
+  EXPECT_EQ(std::memcmp(y.data(), f.serial_output().data(), y.size() * sizeof(float)), 0);
 }
 
 // ---- errors of the shared branch reach the caller --------------------------------------------------------

@@ -156,9 +156,15 @@ void MoeLayer::allocate_workspaces() {
 
 MoeLayer::~MoeLayer() {
   // Wait for the last call's work without rethrowing its errors (they belong to whoever synchronizes the
-  // stream): eager side work precedes the join, and done_ is recorded after every call and replay.
-  events_[kJoinEvent].synchronize();
-  done_.synchronize();
+  // stream): eager side work precedes the join, and done_ is recorded after every call and replay. A
+  // forward() captured into a caller's graph left them recorded inside that capture: nothing of this layer
+  // runs then but the graph's replays, which its owner waits for.
+  for (const rt::Event* e : {&events_[kJoinEvent], &done_}) {
+    try {
+      e->synchronize();
+    } catch (const std::logic_error&) {  // recorded inside a capture
+    }
+  }
   if (routed_ws_.data() != nullptr) device_.notify_free(routed_ws_.data(), routed_ws_.size());
   if (shared_ws_.data() != nullptr) device_.notify_free(shared_ws_.data(), shared_ws_.size());
 }
