@@ -1,0 +1,30 @@
+// `bench --ep N`: the expert-parallel layer's latency per schedule against its exchange and shared expert.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "ep/communicator.h"
+#include "kernels/linear.h"
+#include "layer/schedule.h"
+#include "model_source.h"
+
+namespace moe::tools {
+
+struct BenchEpOptions {
+  ModelOptions model;
+  int ranks = 0;
+  ep::ExchangeMode mode = ep::ExchangeMode::kLowLatency;
+  std::chrono::milliseconds timeout{10000};
+  Isa isa = Isa::kScalar;
+  std::vector<int64_t> tokens;     // per rank
+  std::vector<Schedule> schedules;  // serial first, for the hidden fraction
+  int threads = 0, repeats = 10, warmup = 2;
+  std::string json;
+};
+
+// Under mpirun; rank 0 prints the table and writes the JSON.
+void run_bench_ep(const BenchEpOptions& options);
+
+}  // namespace moe::tools
