@@ -5,6 +5,7 @@
 // test depends on timing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -554,6 +555,46 @@ TEST(RuntimeObservers, HooksSeeEveryCallInProgramOrderWithPositions) {
                                     "record default 2", "wait 11 2 bound", "record default 3", "wait 11 3 bound",
                                     "sync 11",         "event_sync",     "device_sync",      "free 16"};
   EXPECT_EQ(obs->calls, expected);
+}
+
+// Two host threads launching on one stream (two layers' side work on the one side stream): every position an
+// observer is told is the one the entry really got, each exactly once.
+TEST(RuntimeObservers, ThreadsSharingAStreamReportDistinctTruePositions) {
+  struct Positions : Observer {
+    std::mutex mu;
+    std::vector<uint64_t> seen;
+    void on_launch(const Stream&, uint64_t seq, const Op&) override {
+      std::lock_guard lk(mu);
+      seen.push_back(seq);
+    }
+    void on_record(const Stream&, uint64_t seq, const Event&) override {
+      std::lock_guard lk(mu);
+      seen.push_back(seq);
+    }
+  };
+  auto dev = make_cpu_device({.num_workers = 2});
+  auto obs = std::make_shared<Positions>();
+  dev->add_observer(obs);
+  Stream shared = dev->create_stream(kPriorityDefault, "shared");
+  constexpr int kPerThread = 2000;
+  auto work = [&] {
+    Event e;
+    for (int i = 0; i < kPerThread; ++i) {
+      if (i % 4 == 3) {
+        shared.record(e);
+      } else {
+        shared.launch({.name = "op", .num_tiles = 1, .tile = [](int) {}});
+      }
+    }
+  };
+  std::thread a(work), b(work);
+  a.join();
+  b.join();
+  shared.synchronize();
+  dev->remove_observer(obs.get());
+  std::sort(obs->seen.begin(), obs->seen.end());
+  ASSERT_EQ(obs->seen.size(), 2u * kPerThread);
+  for (size_t i = 0; i < obs->seen.size(); ++i) ASSERT_EQ(obs->seen[i], i + 1) << "position reported twice or skipped";
 }
 
 TEST(RuntimeObservers, ThrowingObserverStopsTheCall) {

@@ -203,6 +203,7 @@ void GraphExec::launch(Stream& stream) const {
   if (s.capture) {
     throw std::logic_error("GraphExec::launch on " + stream_label(s) + " while it is capturing (graphs do not nest)");
   }
+  std::lock_guard host(s.host_mu);  // the position the observers see is the one the replay gets
   if (!core->observers.empty()) {
     uint64_t seq = s.enqueued.load(std::memory_order_relaxed) + 1;
     for (auto& o : core->observers) o->on_graph_launch(stream, seq, *this);

@@ -47,6 +47,7 @@ void Stream::launch(Op op) {
   check_op(op, s);
   if (!op.tile) op.num_tiles = 0;  // a pure polling op (check_op made sure it has poll): no tile to run
   auto core = lock_core(s);
+  std::lock_guard host(s.host_mu);
   for (auto& i : core->interposers) i->before_launch(*this, op);
   if (s.capture) {
     for (auto& o : core->observers) o->on_capture(*this, op);
@@ -63,6 +64,7 @@ void Stream::launch(Op op) {
 void Stream::record(Event& event) {
   StreamImpl& s = checked(impl_, "record");
   auto core = lock_core(s);
+  std::lock_guard host(s.host_mu);
   if (s.capture) {
     capture_record(*core, impl_, *event.impl());
     return;
@@ -77,6 +79,7 @@ void Stream::record(Event& event) {
 void Stream::wait(const Event& event) {
   StreamImpl& s = checked(impl_, "wait");
   auto core = lock_core(s);
+  std::lock_guard host(s.host_mu);
   EventBinding b = event.impl()->get();
   if (s.capture || b.capture) {
     capture_wait(*core, impl_, b);

@@ -55,6 +55,10 @@ struct StreamImpl {
   // event bound to (stream, seq) is complete exactly when completed >= seq.
   std::atomic<uint64_t> enqueued{0};
   std::atomic<uint64_t> completed{0};
+  // Held by the public handles from the observers' callbacks through the enqueue, so that host threads
+  // sharing a stream (two layers' side work on the one process-wide side stream) report to the observers
+  // the positions, and the order, the stream really gets.
+  std::mutex host_mu;
 
   // Graph capture (graph.cpp). Touched only by the host threads that drive the capture.
   std::shared_ptr<CaptureState> capture;
