@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iomanip>
 #include <map>
 #include <sstream>
 
@@ -102,6 +103,52 @@ nlohmann::json bench_json(const BenchReport& r) {
           {"results", results}};
 }
 
+namespace {
+
+// Each schedule's speed-up over serial per token count (serial's median over the schedule's), with the
+// schedule's run-to-run spread as a bar (serial's median over its p90 and p10): on one log axis of latency
+// the schedules' lines coincide, and what the overlap gains is only visible as this ratio.
+template <class Px>
+void speedup_panel(std::ostringstream& s, const std::map<std::string, std::vector<const BenchResult*>>& series,
+                   double left, double top, double w, double h, const Px& px, const char* const* colours) {
+  const auto serial = series.find("serial");
+  if (serial == series.end()) return;
+  std::map<int64_t, double> base;
+  for (const BenchResult* b : serial->second) base[b->tokens] = b->median_us;
+  double lo = 0.95, hi = 1.05;
+  for (const auto& [name, pts] : series)
+    for (const BenchResult* b : pts)
+      if (base.count(b->tokens) && b->p10_us > 0 && b->p90_us > 0) {
+        lo = std::min(lo, base[b->tokens] / b->p90_us);
+        hi = std::max(hi, base[b->tokens] / b->p10_us);
+      }
+  lo = std::max(lo, 0.0);
+  auto py = [&](double y) { return top + h - h * (y - lo) / (hi - lo); };
+  s << "<text x='10' y='" << top - 10 << "' font-size='13'>speed-up over serial (bars: p10-p90 of the repeats)</text>\n"
+    << "<rect x='" << left << "' y='" << top << "' width='" << w << "' height='" << h << "' fill='none' stroke='#888'/>\n";
+  for (double y : {lo, 1.0, hi})
+    s << "<line x1='" << left << "' x2='" << left + w << "' y1='" << py(y) << "' y2='" << py(y) << "' stroke='"
+      << (y == 1.0 ? "#999" : "#eee") << "'/><text x='5' y='" << py(y) + 4 << "'>" << std::setprecision(3) << y
+      << "x</text>\n";
+  int i = 0;
+  for (const auto& [name, pts] : series) {
+    const char* colour = colours[i++ % 5];
+    s << "<polyline fill='none' stroke='" << colour << "' stroke-width='2' points='";
+    for (const BenchResult* b : pts)
+      if (base.count(b->tokens) && b->median_us > 0) s << px(static_cast<double>(b->tokens)) << "," << py(base[b->tokens] / b->median_us) << " ";
+    s << "'/>\n";
+    for (const BenchResult* b : pts)
+      if (base.count(b->tokens) && b->p10_us > 0 && b->p90_us > 0) {
+        const double x = px(static_cast<double>(b->tokens));
+        s << "<line x1='" << x << "' x2='" << x << "' y1='" << py(base[b->tokens] / b->p90_us) << "' y2='"
+          << py(base[b->tokens] / b->p10_us) << "' stroke='" << colour << "'/>\n";
+      }
+  }
+  s << "<text x='" << left + w / 2 - 20 << "' y='" << top + h + 30 << "'>tokens</text>\n";
+}
+
+}  // namespace
+
 void write_bench_svg(const BenchReport& r, const std::string& path) {
   std::map<std::string, std::vector<const BenchResult*>> series;
   double tmin = 1e300, tmax = 0, ymin = 1e300, ymax = 0;
@@ -123,7 +170,8 @@ void write_bench_svg(const BenchReport& r, const std::string& path) {
   std::ostringstream s;
   s.setf(std::ios::fixed);
   s.precision(1);
-  s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << left + w + 190 << "' height='" << top + h + 60
+  const double top2 = top + h + 80, h2 = 220;  // the second panel: speed-up over serial
+  s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << left + w + 190 << "' height='" << top2 + h2 + 50
     << "' font-family='sans-serif' font-size='11'>\n<rect width='100%' height='100%' fill='white'/>\n"
     << "<text x='10' y='20' font-size='13'>latency per layer call vs tokens (" << r.machine.threads
     << " threads)</text>\n<rect x='" << left << "' y='" << top << "' width='" << w << "' height='" << h
@@ -154,6 +202,7 @@ void write_bench_svg(const BenchReport& r, const std::string& path) {
   for (const BenchResult* b : series.begin()->second)
     roof.emplace_back(static_cast<double>(b->tokens), static_cast<double>(b->bytes) / (r.machine.read_gbps * 1e3));
   polyline(roof, "#999", "5,4", "bandwidth bound");
+  speedup_panel(s, series, left, top2, w, h2, px, colours);
   s << "</svg>\n";
   write_file_atomically(path, s.str());
 }
