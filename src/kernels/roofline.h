@@ -11,15 +11,15 @@
 
 namespace moe {
 
-// GB/s (1e9 bytes/s) reading `bytes` (default 1 GiB, far above this machine's 32 MiB L3 and the 64 MiB
-// region where repeated reads still run from cache) from an anonymous mapping advised for transparent
+// GB/s (1e9 bytes/s) reading `bytes` (default 1 GiB, far above any last-level cache and the region where
+// repeated reads still run from cache) from an anonymous mapping advised for transparent
 // huge pages and pre-faulted outside the timed region. Returns 0 if the buffer cannot be mapped.
 double measure_read_bandwidth_gbps(int threads, size_t bytes = size_t{1} << 30);
 // The same over an existing buffer (64-byte aligned, resident, not the shared zero page; each thread reads
 // its own 2 MiB-aligned slice); 0 if it is smaller than 2 MiB per thread. Nothing is mapped or unmapped:
 // on a VM that hands freed memory back to the host, a large unmap just before timing slows what follows.
 double measure_read_bandwidth_gbps(int threads, const void* buffer, size_t bytes);
-// A buffer at least this large is read from DRAM (this machine keeps 64 MiB working sets in cache), so a
+// A buffer at least this large is read from DRAM (working sets of 64 MiB were seen to stay in cache), so a
 // read of it measures the read bandwidth; under it, the fresh 1 GiB probe is the one that measures.
 inline constexpr size_t kDramReadBytes = size_t{128} << 20;
 // The read bandwidth over `buffer` when it is at least kDramReadBytes (nothing mapped or unmapped), else

@@ -2,7 +2,7 @@
 // and arithmetic peak, with the speed-up over serial and the fraction of the shared expert's time hidden.
 //
 // Honest measurement: every repetition uses a new input (so routing, and the experts read, change), the
-// caches are evicted before every timed call (a 256 MiB sweep; this machine keeps 64 MiB working sets in
+// caches are evicted before every timed call (a 256 MiB sweep, several times a server CPU's last-level
 // cache), schedules are interleaved within a repetition so that each sees the same inputs and conditions, and
 // the bandwidth and peak are measured in the same process run. Times are device times (see DeviceTimer).
 #include <algorithm>
@@ -206,12 +206,10 @@ double shared_alone_us(MoeLayer& layer, rt::Device& dev, const std::vector<float
   return quantile(v, 0.5);
 }
 
-// Untimed calls of the first token count, every schedule in turn, for o.settle_ms. This VM hands freed
-// memory back to the host (virtio-balloon free page reporting, in 2 MiB blocks, about 2 s after the free);
-// while it does, the layer ran up to 2x slower for a second or two while the sweep and the FMA rate stayed
-// normal. Freeing 2 GiB in another process just before `bench` slowed its first token counts in 4 runs of 6,
-// and in none of 6 with 8 s between. Whatever was freed before this process started (a previous run,
-// make-checkpoint, --reread's dropped pages) is handed back during these calls instead of the timed ones.
+// Untimed calls of the first token count, every schedule in turn, for o.settle_ms. A VM that hands freed
+// memory back to its host (free page reporting) slows the calls of the next seconds after a large free;
+// whatever was freed before this process started (a previous run, make-checkpoint, --reread's dropped pages)
+// is handed back during these calls instead of the timed ones (docs/benchmarking.md, machine effects).
 void settle(MoeLayer& layer, rt::Stream& main, DeviceTimer& timer, const std::vector<Variant>& variants,
             int64_t tokens, int64_t hidden, float* y, const BenchOptions& o) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(o.settle_ms);
