@@ -5,6 +5,8 @@
 // test depends on timing.
 #include <gtest/gtest.h>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -94,6 +96,22 @@ TEST(RuntimeBasics, RejectsBadOps) {
   EXPECT_THROW(s.launch({.name = "neg", .num_tiles = -1, .tile = [](int) {}}), std::invalid_argument);
   EXPECT_THROW(s.launch({.name = "no_fn", .num_tiles = 3}), std::invalid_argument);
   EXPECT_THROW(Stream().launch({.name = "x"}), std::logic_error);
+}
+
+// Workers pinned from another CPU on (ranks sharing a machine) run on those CPUs; a negative start is refused.
+TEST(RuntimeBasics, WorkersPinnedFromAnOffset) {
+  EXPECT_THROW(make_cpu_device({.num_workers = 1, .first_cpu = -1}), std::invalid_argument);
+  auto dev = make_cpu_device({.num_workers = 1, .first_cpu = 1});
+  std::atomic<int> cpu{-1};
+  dev->default_stream().launch({.name = "where", .num_tiles = 1, .tile = [&](int) { cpu = sched_getcpu(); }});
+  dev->synchronize();
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  if (cpus.size() < 2) GTEST_SKIP() << "one CPU: nothing is pinned";
+  EXPECT_EQ(cpu.load(), cpus[1]);
 }
 
 TEST(RuntimeBasics, LaunchIsAsynchronousToTheHost) {

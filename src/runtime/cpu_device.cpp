@@ -25,6 +25,9 @@ CpuCore::CpuCore(Device* dev, const CpuDeviceOptions& options)
     throw std::invalid_argument("CpuDeviceOptions::num_workers must be >= 0 (0: one per core), got " +
                                 std::to_string(options.num_workers));
   }
+  if (options.first_cpu < 0) {
+    throw std::invalid_argument("CpuDeviceOptions::first_cpu must be >= 0, got " + std::to_string(options.first_cpu));
+  }
   if (options.spin_us < 0 || options.fuzz.max_delay_us < 0) {
     throw std::invalid_argument("CpuDeviceOptions: spin_us and fuzz.max_delay_us must be >= 0");
   }
@@ -82,7 +85,8 @@ std::shared_ptr<CpuStream> CpuCore::create_stream(int priority, std::string name
 // owns a core and the host thread floats. Failure to pin (a restricted container) is harmless.
 void CpuCore::pin_workers() {
   const std::vector<int> cpus = allowed_cpus();
-  for (int w = 0; w < num_workers_; ++w) pin_thread(workers_[static_cast<size_t>(w)].native_handle(), w, cpus);
+  for (int w = 0; w < num_workers_; ++w)
+    pin_thread(workers_[static_cast<size_t>(w)].native_handle(), options_.first_cpu + w, cpus);
 }
 
 // ---- queue blocks --------------------------------------------------------------------------------------

@@ -200,6 +200,9 @@ struct CpuDeviceOptions {
   int num_workers = 0;  // 0: one per core
   int spin_us = 50;     // how long an idle worker spins before it sleeps
   bool pin_workers = true;  // worker w on the w-th allowed CPU: each worker keeps a core of its own
+  // With pin_workers: worker w on allowed CPU (first_cpu + w) mod their number. Processes sharing a machine
+  // (expert-parallel ranks) give each its own range, or every rank's worker 0 would share one core.
+  int first_cpu = 0;
   FuzzOptions fuzz;
 };
 

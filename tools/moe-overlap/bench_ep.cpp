@@ -62,7 +62,7 @@ void run_bench_ep(const BenchEpOptions& o) {
     mo.experts = ep::first_expert(num_experts, n, r + 1) - mo.first_expert;
     LoadedModel m = load_model(mo);
     const int64_t max_tokens = *std::max_element(o.tokens.begin(), o.tokens.end());
-    auto dev = rt::make_cpu_device({.num_workers = o.threads});
+    auto dev = rt::make_cpu_device(rank_device_options(*comm, o.threads));
     MoeLayer layer(m.config, m.weights, *dev,
                    {.max_tokens = std::max<int64_t>(max_tokens, 1),
                     .policy = OverlapPolicy::always(),

@@ -78,7 +78,7 @@ void run_expert_parallel(const RunOptions& o) {
                                 {"--graph", o.graph ? "on" : "off"}});
     const std::vector<float> x(all.begin() + r * t * h, all.begin() + (r + 1) * t * h);
     std::vector<float> y(x.size());
-    auto dev = rt::make_cpu_device({.num_workers = o.threads});
+    auto dev = rt::make_cpu_device(rank_device_options(*comm, o.threads));
     MoeLayer layer(m.config, m.weights, *dev,
                    {.max_tokens = std::max<int64_t>(t, 1),
                     .policy = OverlapPolicy::from_env(),

@@ -1,5 +1,6 @@
 #include "ep_launch.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -8,6 +9,10 @@
 #endif
 
 namespace moe::tools {
+
+rt::CpuDeviceOptions rank_device_options(const ep::Communicator& comm, int threads) {
+  return {.num_workers = threads, .first_cpu = comm.rank() * std::max(threads, 1)};
+}
 
 std::unique_ptr<ep::Communicator> join_ranks(int expected, std::chrono::milliseconds timeout) {
 #ifdef MOE_HAVE_MPI

@@ -5,12 +5,17 @@
 #include <memory>
 
 #include "ep/communicator.h"
+#include "runtime/runtime.h"
 
 namespace moe::tools {
 
 // The MPI ranks of this job; std::invalid_argument when the world has a size other than `expected` (naming
 // both) or when this build has no MPI (naming what to install).
 std::unique_ptr<ep::Communicator> join_ranks(int expected, std::chrono::milliseconds timeout);
+
+// The CPU device of this rank: `threads` workers (0: one per core), pinned from CPU rank * threads on, so that
+// ranks sharing a machine do not pin their workers to the same cores.
+rt::CpuDeviceOptions rank_device_options(const ep::Communicator& comm, int threads);
 
 // Runs `body`; on an exception prints one line naming this rank and ends every rank of the job (a rank that
 // fails alone would leave its peers waiting in an exchange).
