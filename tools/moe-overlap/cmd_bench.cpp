@@ -20,6 +20,7 @@
 #include "kernels/roofline.h"
 #include "layer/moe_layer.h"
 #include "bench_ep.h"
+#include "ep_launch.h"
 #include "layer_cost.h"
 #include "model/host_buffer.h"
 #include "model_source.h"
@@ -39,9 +40,7 @@ struct BenchOptions {
   int64_t evict_mib = 256;
   bool no_policy = false, graph = false;
   std::string json, svg, tune;
-  int ep = 0;  // expert-parallel ranks (bench_ep.cpp)
-  std::string ep_mode = "low-latency";
-  int ep_timeout_ms = 10000;
+  EpOptions ep;  // expert parallelism (bench_ep.cpp)
 };
 
 // One thing timed: a schedule, run eagerly or as a replayed graph.
@@ -225,13 +224,13 @@ void settle(MoeLayer& layer, rt::Stream& main, DeviceTimer& timer, const std::ve
 void run_bench(const BenchOptions& o) {
   // An output that cannot be written fails now, not after the measurements.
   check_output_paths({{"--json", o.json}, {"--svg", o.svg}, {"--tune", o.tune}});
-  if (o.ep > 0) {
+  if (o.ep.ranks > 0) {
     if (!o.svg.empty() || !o.tune.empty() || o.graph)
       throw std::invalid_argument("--ep: --svg, --tune and --graph are not available with expert parallelism yet");
     BenchEpOptions e{.model = o.model,
-                     .ranks = o.ep,
-                     .mode = o.ep_mode == "normal" ? ep::ExchangeMode::kNormal : ep::ExchangeMode::kLowLatency,
-                     .timeout = std::chrono::milliseconds(o.ep_timeout_ms),
+                     .ranks = o.ep.ranks,
+                     .mode = o.ep.exchange_mode(),
+                     .timeout = std::chrono::milliseconds(o.ep.timeout_ms),
                      .isa = kernel_isa(o.model.isa),
                      .tokens = parse_token_list(o.tokens, "--tokens", 1 << 16),
                      .threads = o.threads,
@@ -410,16 +409,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--json", o->json, "write the results as JSON");
   cmd->add_option("--svg", o->svg, "write a plot of latency vs tokens");
   cmd->add_option("--tune", o->tune, "write the fastest schedule per token count: the table --schedule auto reads");
-  cmd->add_option("--ep", o->ep,
-                  "expert parallelism over N MPI ranks (under mpirun -n N): --tokens are per rank; prints latency, "
-                  "exchange and shared-expert time and the hidden share per token count")
-      ->check(CLI::Range(1, 4096));
-  cmd->add_option("--ep-mode", o->ep_mode, "exchange: normal or low-latency")
-      ->check(CLI::IsMember({"normal", "low-latency"}))
-      ->capture_default_str();
-  cmd->add_option("--ep-timeout-ms", o->ep_timeout_ms, "exchange timeout, ms (a dead or stalled peer)")
-      ->check(CLI::Range(1, 3600000))
-      ->capture_default_str();
+  add_ep_options(cmd, o->ep,
+                 "--tokens are per rank; prints latency, exchange and shared-expert time and the hidden share");
   cmd->callback([o] { run_bench(*o); });
 }
 

@@ -21,9 +21,7 @@ struct RunOptions {
   std::string input, output, schedule = "dual";
   int threads = 0;
   bool prefill = false, graph = false;
-  int ep = 0;  // expert-parallel ranks (0: one process)
-  std::string ep_mode = "low-latency";
-  int ep_timeout_ms = 10000;
+  EpOptions ep;
 };
 
 // --input's rows (rows set to their count), or `rows` seeded random ones.
@@ -46,14 +44,14 @@ void check_finite(const std::vector<float>& y, int64_t h, const std::string& whe
 // Under mpirun: rank r takes rows [r * T, (r + 1) * T) of the input, maps its share of the experts, runs the
 // layer with the others and rank 0 writes every row in order: the one-process output, bit for bit.
 void run_expert_parallel(const RunOptions& o) {
-  std::unique_ptr<ep::Communicator> comm = join_ranks(o.ep, std::chrono::milliseconds(o.ep_timeout_ms));
+  std::unique_ptr<ep::Communicator> comm = join_ranks(o.ep.ranks, std::chrono::milliseconds(o.ep.timeout_ms));
   on_every_rank(*comm, [&] {
     const int r = comm->rank(), n = comm->size();
     if (o.model.experts >= 0)
       throw std::invalid_argument("--experts and --ep exclude each other: under --ep every rank maps its own share");
     const Isa isa = kernel_isa(o.model.isa);
     const Schedule schedule = parse_schedule(o.schedule);
-    const ep::ExchangeMode mode = o.ep_mode == "normal" ? ep::ExchangeMode::kNormal : ep::ExchangeMode::kLowLatency;
+    const ep::ExchangeMode mode = o.ep.exchange_mode();
     ModelOptions mo = o.model;
     const int64_t num_experts = model_num_experts(mo);
     if (num_experts < n)
@@ -112,7 +110,7 @@ void run_expert_parallel(const RunOptions& o) {
 }
 
 void run_run(const RunOptions& o) {
-  if (o.ep > 0) return run_expert_parallel(o);
+  if (o.ep.ranks > 0) return run_expert_parallel(o);
   const Isa isa = kernel_isa(o.model.isa);
   const Schedule schedule = parse_schedule(o.schedule);
   LoadedModel m = load_model(o.model);
@@ -168,17 +166,8 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "worker threads (default: one per core)");
   cmd->add_flag("--prefill", o->prefill, "mark the call as prefill (stays serial under the decode-only policy)");
   cmd->add_flag("--graph", o->graph, "capture the forward as a graph and replay it");
-  cmd->add_option("--ep", o->ep,
-                  "expert parallelism over N MPI ranks (run under mpirun -n N): each rank maps 1/N of the experts "
-                  "and takes 1/N of the input rows; rank 0 writes the output")
-      ->check(CLI::Range(1, 4096));
-  cmd->add_option("--ep-mode", o->ep_mode, "exchange: normal (counts, then rows) or low-latency (one round)")
-      ->check(CLI::IsMember({"normal", "low-latency"}))
-      ->capture_default_str();
-  cmd->add_option("--ep-timeout-ms", o->ep_timeout_ms,
-                  "an exchange waiting longer than this for a peer fails, naming the peer (a dead or stalled rank)")
-      ->check(CLI::Range(1, 3600000))
-      ->capture_default_str();
+  add_ep_options(cmd, o->ep,
+                 "each rank maps 1/N of the experts and takes 1/N of the input rows; rank 0 writes the output");
   cmd->callback([o] { run_run(*o); });
 }
 

@@ -10,6 +10,18 @@
 
 namespace moe::tools {
 
+void add_ep_options(CLI::App* cmd, EpOptions& o, const std::string& what) {
+  cmd->add_option("--ep", o.ranks, "expert parallelism over N MPI ranks (under mpirun -n N): " + what)
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--ep-mode", o.mode, "exchange: normal (counts, then rows) or low-latency (one round)")
+      ->check(CLI::IsMember({"normal", "low-latency"}))
+      ->capture_default_str();
+  cmd->add_option("--ep-timeout-ms", o.timeout_ms,
+                  "an exchange waiting longer than this for a peer fails, naming the peer (a dead or stalled rank)")
+      ->check(CLI::Range(1, 3600000))
+      ->capture_default_str();
+}
+
 rt::CpuDeviceOptions rank_device_options(const ep::Communicator& comm, int threads) {
   return {.num_workers = threads, .first_cpu = comm.rank() * std::max(threads, 1)};
 }

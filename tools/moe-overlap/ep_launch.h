@@ -1,13 +1,27 @@
 // Joining the ranks of an expert-parallel job (`--ep N` under mpirun) for the commands that run a layer.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <memory>
+#include <string>
 
 #include "ep/communicator.h"
 #include "runtime/runtime.h"
 
 namespace moe::tools {
+
+// --ep, --ep-mode and --ep-timeout-ms, shared by run and bench.
+struct EpOptions {
+  int ranks = 0;  // 0: one process
+  std::string mode = "low-latency";
+  int timeout_ms = 10000;
+  ep::ExchangeMode exchange_mode() const {
+    return mode == "normal" ? ep::ExchangeMode::kNormal : ep::ExchangeMode::kLowLatency;
+  }
+};
+// `what`: the --ep flag's help for this command (what the ranks do).
+void add_ep_options(CLI::App* cmd, EpOptions& o, const std::string& what);
 
 // The MPI ranks of this job; std::invalid_argument when the world has a size other than `expected` (naming
 // both) or when this build has no MPI (naming what to install).
