@@ -132,10 +132,5 @@ inline int64_t first_expert(int64_t num_experts, int n, int r) {
   const int64_t base = num_experts / n, extra = num_experts % n;
   return r * base + std::min<int64_t>(r, extra);
 }
-inline int owner_of(int64_t num_experts, int n, int64_t expert) {
-  int r = 0;
-  while (r + 1 < n && first_expert(num_experts, n, r + 1) <= expert) ++r;
-  return r;
-}
 
 }  // namespace moe::ep

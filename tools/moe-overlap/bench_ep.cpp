@@ -24,26 +24,6 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-// The union of the intervals of the ops whose name starts with `prefix`, us.
-double busy_us(const rt::Trace& t, const std::string& prefix) {
-  std::vector<std::pair<int64_t, int64_t>> iv;
-  for (const rt::OpRecord& r : t.ops)
-    if (r.name.rfind(prefix, 0) == 0) iv.emplace_back(r.start_ns, r.end_ns);
-  std::sort(iv.begin(), iv.end());
-  int64_t total = 0, a = 0, b = -1;
-  for (const auto& [s, e] : iv) {
-    if (s > b) {
-      if (b > a) total += b - a;
-      a = s;
-      b = e;
-    } else {
-      b = std::max(b, e);
-    }
-  }
-  if (b > a) total += b - a;
-  return static_cast<double>(total) / 1e3;
-}
-
 struct Row {
   int64_t tokens = 0;
   std::vector<std::pair<std::string, double>> latency_us;  // per schedule, slowest rank, median
@@ -102,9 +82,9 @@ void run_bench_ep(const BenchEpOptions& o) {
         layer.forward(x.data(), t, y.data(), {.schedule = Schedule::kSerial});
         main.synchronize();
         dev->set_tracing(false);
-        const rt::Trace tr = dev->take_trace();
-        exch.push_back(busy_us(tr, "ep.dispatch") + busy_us(tr, "ep.combine"));
-        shared.push_back(overlap_stats(tr).shared_us);
+        const OverlapStats st = overlap_stats(dev->take_trace());
+        exch.push_back(st.exchange_us);
+        shared.push_back(st.shared_us);
       }
       std::vector<float> figures = {static_cast<float>(median(exch)), static_cast<float>(median(shared))}, all;
       comm->gather_floats(figures, all, 0);

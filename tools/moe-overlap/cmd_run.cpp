@@ -34,6 +34,21 @@ std::vector<float> input_rows(const RunOptions& o, int64_t h, int64_t& rows) {
   return std::move(a.values);
 }
 
+// One forward, eager or captured and replayed (what a serving engine does per token-count bucket), waited
+// for; its wall time in us.
+double timed_forward(MoeLayer& layer, rt::Device& dev, const std::vector<float>& x, int64_t tokens,
+                     std::vector<float>& y, const ForwardOptions& fo, bool graph) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (graph) {
+    const LayerGraph g = layer.capture(x.data(), tokens, y.data(), fo);
+    layer.replay(g, x.data(), tokens, y.data());
+  } else {
+    layer.forward(x.data(), tokens, y.data(), fo);
+  }
+  rt::current_stream(dev).synchronize();
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
 void check_finite(const std::vector<float>& y, int64_t h, const std::string& where) {
   for (size_t i = 0; i < y.size(); ++i)
     if (!std::isfinite(y[i]))
@@ -85,15 +100,7 @@ void run_expert_parallel(const RunOptions& o) {
                     .comm = comm.get(),
                     .ep_mode = mode});
     const ForwardOptions fo{.schedule = schedule, .prefill = o.prefill, .check_input = true};
-    const auto t0 = std::chrono::steady_clock::now();
-    if (o.graph) {
-      const LayerGraph g = layer.capture(x.data(), t, y.data(), fo);
-      layer.replay(g, x.data(), t, y.data());
-    } else {
-      layer.forward(x.data(), t, y.data(), fo);
-    }
-    rt::current_stream(*dev).synchronize();
-    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    const double us = timed_forward(layer, *dev, x, t, y, fo, o.graph);
     check_finite(y, h, " on rank " + std::to_string(r));
     std::vector<float> out;
     comm->gather_floats(y, out, 0);
@@ -126,15 +133,7 @@ void run_run(const RunOptions& o) {
                   .tuning = read_tuning_file(o.model.tuning)});
   const ForwardOptions fo{.schedule = schedule, .prefill = o.prefill, .check_input = true};
   const ScheduleDecision d = layer.effective_schedule(fo, tokens);
-  const auto t0 = std::chrono::steady_clock::now();
-  if (o.graph) {  // capture once, then replay: what a serving engine does per token-count bucket
-    const LayerGraph g = layer.capture(x.data(), tokens, y.data(), fo);
-    layer.replay(g, x.data(), tokens, y.data());
-  } else {
-    layer.forward(x.data(), tokens, y.data(), fo);
-  }
-  rt::current_stream(*dev).synchronize();
-  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  const double us = timed_forward(layer, *dev, x, tokens, y, fo, o.graph);
   check_finite(y, h, "");
   if (!o.output.empty()) write_activations(o.output, y.data(), {tokens, h});
   double sq = 0;

@@ -41,11 +41,13 @@ int64_t intersection(const Intervals& a, const Intervals& b) {
 }  // namespace
 
 OverlapStats overlap_stats(const rt::Trace& trace) {
-  Intervals shared, routed;
+  Intervals shared, routed, exchange;
   int64_t t0 = INT64_MAX, t1 = INT64_MIN;
   for (const auto& op : trace.ops) {
     if (op.end_ns <= op.start_ns) continue;
-    (std::string_view(op.name).rfind("shared", 0) == 0 ? shared : routed).emplace_back(op.start_ns, op.end_ns);
+    const std::string_view name(op.name);
+    (name.rfind("shared", 0) == 0 ? shared : routed).emplace_back(op.start_ns, op.end_ns);
+    if (name == "ep.dispatch" || name == "ep.combine") exchange.emplace_back(op.start_ns, op.end_ns);
     t0 = std::min(t0, op.start_ns);
     t1 = std::max(t1, op.end_ns);
   }
@@ -57,6 +59,7 @@ OverlapStats overlap_stats(const rt::Trace& trace) {
   s.shared_us = static_cast<double>(total(shared)) / 1e3;
   s.routed_us = static_cast<double>(total(routed)) / 1e3;
   s.concurrent_us = static_cast<double>(intersection(shared, routed)) / 1e3;
+  s.exchange_us = static_cast<double>(total(merged(exchange))) / 1e3;
   return s;
 }
 

@@ -11,6 +11,7 @@ struct OverlapStats {
   double shared_us = 0;       // union of the shared branch's op intervals
   double routed_us = 0;       // union of the routed path's op intervals
   double concurrent_us = 0;   // time both were running
+  double exchange_us = 0;     // union of the expert-parallel exchanges' intervals (ep.dispatch, ep.combine)
 };
 
 // Operations whose names start with "shared" belong to the shared branch; the rest to the routed path.
