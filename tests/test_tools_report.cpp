@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 #include <nlohmann/json.hpp>
@@ -62,7 +63,7 @@ TEST(TraceExport, ChromeJsonHasOpsTilesFlowsAndLaneNames) {
   EXPECT_EQ(ops, 5);
   EXPECT_EQ(tiles, 5);
   EXPECT_EQ(flows, 2);
-  EXPECT_EQ(names, 2 + 2 + 2);  // two processes, two streams, two workers
+  EXPECT_EQ(names, 2 + 2 + 2);  // the process's name and order, two streams, two workers
   std::filesystem::remove(path);
 }
 
@@ -75,6 +76,58 @@ TEST(TraceExport, SvgTimelineHasALanePerStreamAndWorker) {
                         "marker-end"})
     EXPECT_NE(svg.find(s), std::string::npos) << s;
   std::filesystem::remove(path);
+}
+
+// Under expert parallelism each rank's trace travels as text to rank 0, which writes one file with a
+// process per rank and stacks every rank's lanes in the timeline.
+TEST(TraceExport, ATraceSurvivesTextAndMergesAsAProcessPerRank) {
+  rt::Trace a = sample_trace();
+  a.ops[2].graph_node = 4;
+  a.ops[2].seq = 7;
+  const rt::Trace b = parse_trace(serialize_trace(a));
+  ASSERT_EQ(b.ops.size(), a.ops.size());
+  ASSERT_EQ(b.edges.size(), a.edges.size());
+  EXPECT_EQ(b.num_workers, a.num_workers);
+  for (size_t i = 0; i < a.ops.size(); ++i) {
+    EXPECT_EQ(b.ops[i].name, a.ops[i].name);
+    EXPECT_EQ(b.ops[i].stream_name, a.ops[i].stream_name);
+    EXPECT_EQ(b.ops[i].seq, a.ops[i].seq);
+    EXPECT_EQ(b.ops[i].graph_node, a.ops[i].graph_node);
+    EXPECT_EQ(b.ops[i].end_ns, a.ops[i].end_ns);
+    ASSERT_EQ(b.ops[i].tiles.size(), a.ops[i].tiles.size());
+    EXPECT_EQ(b.ops[i].tiles[0].worker, a.ops[i].tiles[0].worker);
+  }
+  EXPECT_EQ(b.edges[0].to_seq, a.edges[0].to_seq);
+  EXPECT_EQ(b.edges[0].time_ns, a.edges[0].time_ns);
+  EXPECT_THROW(parse_trace("{\"ops\": 3}"), std::invalid_argument);
+  EXPECT_THROW(parse_trace("not json"), std::invalid_argument);
+
+  rt::Trace later = a;
+  shift_trace(later, 1000);
+  EXPECT_EQ(later.ops[1].start_ns, a.ops[1].start_ns + 1000);
+  EXPECT_EQ(later.ops[1].tiles[0].end_ns, a.ops[1].tiles[0].end_ns + 1000);
+  EXPECT_EQ(later.edges[0].time_ns, a.edges[0].time_ns + 1000);
+
+  const std::string path = (std::filesystem::temp_directory_path() / "moe-trace-ranks.json").string();
+  write_chrome_trace({{"rank 0", a}, {"rank 1", later}}, path);
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
+  std::map<int, std::string> processes;
+  std::map<int, int> ops_per_pid;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["name"] == "process_name") processes[e["pid"].get<int>()] = e["args"]["name"];
+    if (e.value("cat", "") == "op") ops_per_pid[e["pid"].get<int>()]++;
+  }
+  EXPECT_EQ(processes, (std::map<int, std::string>{{1, "rank 0"}, {2, "rank 1"}}));
+  EXPECT_EQ(ops_per_pid, (std::map<int, int>{{1, 5}, {2, 5}}));
+  std::filesystem::remove(path);
+
+  const std::string svg_path = (std::filesystem::temp_directory_path() / "moe-trace-ranks.svg").string();
+  write_timeline_svg({{"rank 0", a}, {"rank 1", later}}, "two ranks", svg_path);
+  std::ifstream in(svg_path);
+  const std::string svg((std::istreambuf_iterator<char>(in)), {});
+  for (const char* s : {"rank 0: stream 0 (main)", "rank 1: stream 1 (11)", "rank 1: worker 1"})
+    EXPECT_NE(svg.find(s), std::string::npos) << s;
+  std::filesystem::remove(svg_path);
 }
 
 TEST(OutputFile, AFailedWriteLeavesNothing) {

@@ -1,7 +1,9 @@
 // `bench --ep N` under mpirun: per token count (tokens per rank) and schedule, the latency of an
 // expert-parallel layer call (the slowest rank's, median over the repeats), the exchange's time alone and
 // the shared expert's time alone (both read off traced serial calls), and how much of the shared expert the
-// best overlapped schedule hid: (T_serial - T_best of dual and phased) / T_shared.
+// best overlapped schedule hid: (T_serial - T_best of dual and phased) / T_shared. With --graph each schedule
+// is also timed as a replay of its captured forward (the whole layer, exchanges included, with no host work
+// per operation); with --tune the fastest eager schedule per token count becomes the table of `auto`.
 #include "bench_ep.h"
 
 #include <algorithm>
@@ -11,8 +13,10 @@
 
 #include "ep_launch.h"
 #include "layer/moe_layer.h"
+#include "machine.h"
 #include "output_file.h"
 #include "overlap_stats.h"
+#include "tuning_file.h"
 
 namespace moe::tools {
 
@@ -36,17 +40,15 @@ void run_bench_ep(const BenchEpOptions& o) {
   std::unique_ptr<ep::Communicator> comm = join_ranks(o.ranks, o.timeout);
   on_every_rank(*comm, [&] {
     const int r = comm->rank(), n = comm->size();
-    ModelOptions mo = o.model;
-    const int64_t num_experts = model_num_experts(mo);
-    mo.first_expert = ep::first_expert(num_experts, n, r);
-    mo.experts = ep::first_expert(num_experts, n, r + 1) - mo.first_expert;
-    LoadedModel m = load_model(mo);
+    LoadedModel m = load_rank_share(o.model, *comm);
+    const int64_t num_experts = m.config.num_experts;
     const int64_t max_tokens = *std::max_element(o.tokens.begin(), o.tokens.end());
     auto dev = rt::make_cpu_device(rank_device_options(*comm, o.threads));
     MoeLayer layer(m.config, m.weights, *dev,
                    {.max_tokens = std::max<int64_t>(max_tokens, 1),
                     .policy = OverlapPolicy::always(),
                     .isa = o.isa,
+                    .tuning = o.tuning,
                     .comm = comm.get(),
                     .ep_mode = o.mode});
     rt::Stream main = rt::current_stream(*dev);
@@ -58,21 +60,27 @@ void run_bench_ep(const BenchEpOptions& o) {
       std::vector<float> y(static_cast<size_t>(t * h));
       Row row{.tokens = t};
       for (Schedule s : o.schedules) {
-        std::vector<float> mine;
-        for (int i = 0; i < o.warmup + o.repeats; ++i) {
-          comm->allgather("");  // every rank starts the call together
-          const auto t0 = std::chrono::steady_clock::now();
-          layer.forward(x.data(), t, y.data(), {.schedule = s});
-          main.synchronize();
-          const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-          if (i >= o.warmup) mine.push_back(static_cast<float>(us));
+        for (bool replay : {false, true}) {
+          if (replay && !o.graph) continue;
+          LayerGraph graph;
+          if (replay) graph = layer.capture(x.data(), t, y.data(), {.schedule = s});
+          std::vector<float> mine;
+          for (int i = 0; i < o.warmup + o.repeats; ++i) {
+            comm->allgather("");  // every rank starts the call together
+            const auto t0 = std::chrono::steady_clock::now();
+            if (replay) layer.replay(graph, x.data(), t, y.data());
+            else layer.forward(x.data(), t, y.data(), {.schedule = s});
+            main.synchronize();
+            const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+            if (i >= o.warmup) mine.push_back(static_cast<float>(us));
+          }
+          std::vector<float> all;
+          comm->gather_floats(mine, all, 0);
+          std::vector<double> slowest(static_cast<size_t>(o.repeats), 0.0);
+          for (size_t k = 0; k < all.size(); ++k)
+            slowest[k % slowest.size()] = std::max(slowest[k % slowest.size()], static_cast<double>(all[k]));
+          row.latency_us.emplace_back(std::string(schedule_name(s)) + (replay ? "+graph" : ""), median(slowest));
         }
-        std::vector<float> all;
-        comm->gather_floats(mine, all, 0);
-        std::vector<double> slowest(static_cast<size_t>(o.repeats), 0.0);
-        for (size_t k = 0; k < all.size(); ++k)
-          slowest[k % slowest.size()] = std::max(slowest[k % slowest.size()], static_cast<double>(all[k]));
-        row.latency_us.emplace_back(std::string(schedule_name(s)), median(slowest));
       }
       // Traced serial calls: the exchange's and the shared expert's own time on this rank.
       std::vector<double> exch, shared;
@@ -105,7 +113,7 @@ void run_bench_ep(const BenchEpOptions& o) {
                 m.label.c_str(), static_cast<long long>(m.layer), n, static_cast<long long>(num_experts / n),
                 static_cast<long long>((num_experts + n - 1) / n), ep::exchange_mode_name(o.mode), dev->num_workers());
     std::printf("%8s", "tokens");
-    for (const auto& [name, us] : rows.front().latency_us) std::printf(" %10s", (name + " us").c_str());
+    for (const auto& [name, us] : rows.front().latency_us) std::printf(" %15s", (name + " us").c_str());
     std::printf(" %12s %10s %7s\n", "exchange us", "shared us", "hidden");
     nlohmann::json j = {{"model", m.label}, {"ranks", n}, {"mode", ep::exchange_mode_name(o.mode)}, {"rows", nlohmann::json::array()}};
     for (const Row& row : rows) {
@@ -113,13 +121,32 @@ void run_bench_ep(const BenchEpOptions& o) {
       nlohmann::json jr = {{"tokens_per_rank", row.tokens}, {"exchange_us", row.exchange_us},
                            {"shared_us", row.shared_us}, {"hidden", row.hidden}};
       for (const auto& [name, us] : row.latency_us) {
-        std::printf(" %10.1f", us);
+        std::printf(" %15.1f", us);
         jr["latency_us"][name] = us;
       }
       std::printf(" %12.1f %10.1f %6.0f%%\n", row.exchange_us, row.shared_us, 100 * row.hidden);
       j["rows"].push_back(jr);
     }
+    OutputBatch outputs;  // the JSON and the tuning table, both or neither
     if (!o.json.empty()) write_file_atomically(o.json, j.dump(1));
+    if (!o.tune.empty()) {
+      // The fastest eager schedule per token count (auto and graph replays are not candidates).
+      std::vector<TuningEntry> entries;
+      for (const Row& row : rows) {
+        double serial = 0;
+        const std::pair<std::string, double>* best = nullptr;
+        for (const auto& e : row.latency_us) {
+          if (e.first == "serial") serial = e.second;
+          if (e.first == "auto" || e.first.find("+graph") != std::string::npos) continue;
+          if (best == nullptr || e.second < best->second) best = &e;
+        }
+        if (best) entries.push_back({row.tokens, best->first, serial > 0 ? serial / best->second : 0});
+      }
+      write_tuning_file(o.tune, m.label + " (expert parallel, " + std::to_string(n) + " ranks, " +
+                                    ep::exchange_mode_name(o.mode) + " exchange)",
+                        cpu_model(), dev->num_workers(), std::string(isa_name(o.isa)), entries);
+    }
+    outputs.commit();
   });
 }
 

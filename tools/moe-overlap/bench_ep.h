@@ -20,11 +20,14 @@ struct BenchEpOptions {
   Isa isa = Isa::kScalar;
   std::vector<int64_t> tokens;     // per rank
   std::vector<Schedule> schedules;  // serial first, for the hidden fraction
+  bool graph = false;               // also time replays of a captured forward per schedule
+  TuningTable tuning;               // resolves Schedule::kAuto
   int threads = 0, repeats = 10, warmup = 2;
   std::string json;
+  std::string tune;  // write the fastest eager schedule per token count (tuning_file.h)
 };
 
-// Under mpirun; rank 0 prints the table and writes the JSON.
+// Under mpirun; rank 0 prints the table and writes the JSON and the tuning table.
 void run_bench_ep(const BenchEpOptions& options);
 
 }  // namespace moe::tools

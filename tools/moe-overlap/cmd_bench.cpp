@@ -225,18 +225,20 @@ void run_bench(const BenchOptions& o) {
   // An output that cannot be written fails now, not after the measurements.
   check_output_paths({{"--json", o.json}, {"--svg", o.svg}, {"--tune", o.tune}});
   if (o.ep.ranks > 0) {
-    if (!o.svg.empty() || !o.tune.empty() || o.graph)
-      throw std::invalid_argument("--ep: --svg, --tune and --graph are not available with expert parallelism yet");
+    if (!o.svg.empty()) throw std::invalid_argument("--ep: --svg is not available with expert parallelism");
     BenchEpOptions e{.model = o.model,
                      .ranks = o.ep.ranks,
                      .mode = o.ep.exchange_mode(),
                      .timeout = std::chrono::milliseconds(o.ep.timeout_ms),
                      .isa = kernel_isa(o.model.isa),
                      .tokens = parse_token_list(o.tokens, "--tokens", 1 << 16),
+                     .graph = o.graph,
+                     .tuning = read_tuning_file(o.model.tuning),
                      .threads = o.threads,
                      .repeats = o.repeats,
                      .warmup = o.warmup,
-                     .json = o.json};
+                     .json = o.json,
+                     .tune = o.tune};
     for (const std::string& name : split_list(o.schedules)) e.schedules.push_back(parse_schedule(name));
     if (o.repeats < 1) throw std::invalid_argument("--repeats: expected >= 1");
     return run_bench_ep(e);
@@ -408,7 +410,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--no-policy", o->no_policy, "run exactly the requested schedules (ignore the token threshold etc.)");
   cmd->add_option("--json", o->json, "write the results as JSON");
   cmd->add_option("--svg", o->svg, "write a plot of latency vs tokens");
-  cmd->add_option("--tune", o->tune, "write the fastest schedule per token count: the table --schedule auto reads");
+  cmd->add_option("--tune", o->tune, "write the fastest schedule per token count: the table --schedule auto reads (under mpirun "
+                  "write --tune=FILE: mpirun takes a separate --tune as its own option)");
   add_ep_options(cmd, o->ep,
                  "--tokens are per rank; prints latency, exchange and shared-expert time and the hidden share");
   cmd->callback([o] { run_bench(*o); });

@@ -62,19 +62,11 @@ void run_expert_parallel(const RunOptions& o) {
   std::unique_ptr<ep::Communicator> comm = join_ranks(o.ep.ranks, std::chrono::milliseconds(o.ep.timeout_ms));
   on_every_rank(*comm, [&] {
     const int r = comm->rank(), n = comm->size();
-    if (o.model.experts >= 0)
-      throw std::invalid_argument("--experts and --ep exclude each other: under --ep every rank maps its own share");
     const Isa isa = kernel_isa(o.model.isa);
     const Schedule schedule = parse_schedule(o.schedule);
     const ep::ExchangeMode mode = o.ep.exchange_mode();
-    ModelOptions mo = o.model;
-    const int64_t num_experts = model_num_experts(mo);
-    if (num_experts < n)
-      throw std::invalid_argument("--ep " + std::to_string(n) + ": the model has only " + std::to_string(num_experts) +
-                                  " experts");
-    mo.first_expert = ep::first_expert(num_experts, n, r);
-    mo.experts = ep::first_expert(num_experts, n, r + 1) - mo.first_expert;
-    LoadedModel m = load_model(mo);
+    LoadedModel m = load_rank_share(o.model, *comm);
+    const int64_t num_experts = m.config.num_experts;
     const int64_t h = m.config.hidden;
     int64_t rows = o.tokens * n;
     const std::vector<float> all = input_rows(o, h, rows);

@@ -1,10 +1,13 @@
 // `moe-overlap trace`: one forward with tracing on. Writes Chrome trace JSON (Perfetto, chrome://tracing) and
 // optionally an SVG timeline: one lane per stream and per worker, operations as labelled boxes, event waits
-// as arrows: the orchestration diagram of the schedule, drawn from a real run.
+// as arrows: the orchestration diagram of the schedule, drawn from a real run. Under mpirun with --ep N,
+// every rank traces its own call and rank 0 writes them into one file: a process per rank.
+#include <algorithm>
 #include <cstdio>
 #include <set>
 
 #include "commands.h"
+#include "ep_launch.h"
 #include "layer/moe_layer.h"
 #include "model_source.h"
 #include "output_file.h"
@@ -22,9 +25,35 @@ struct TraceOptions {
   std::string schedule = "dual", out = "trace.json", svg;
   int threads = 0;
   bool prefill = false, graph = false;
+  EpOptions ep;
 };
 
+// Warm-up (first touch of workspaces and weights), then one traced call.
+template <class Call>
+rt::Trace traced_call(rt::Device& dev, Call&& call, ep::Communicator* comm) {
+  call();
+  if (comm) comm->allgather("");  // every rank enqueues its traced call right after this barrier
+  dev.set_tracing(true);
+  call();
+  dev.set_tracing(false);
+  return dev.take_trace();
+}
+
+void print_stats(const std::string& who, const rt::Trace& trace) {
+  const OverlapStats s = overlap_stats(trace);
+  std::set<int> streams;
+  for (const rt::OpRecord& r : trace.ops) streams.insert(r.stream_id);
+  std::printf("  %s%zu operations on %zu %s; forward %.1f us; shared branch busy %.1f us, routed path busy "
+              "%.1f us, both at once %.1f us%s\n",
+              who.c_str(), trace.ops.size(), streams.size(), streams.size() == 1 ? "stream" : "streams", s.span_us,
+              s.shared_us, s.routed_us, s.concurrent_us,
+              s.exchange_us > 0 ? (", exchanges " + std::to_string(static_cast<int>(s.exchange_us + 0.5)) + " us").c_str() : "");
+}
+
+void run_trace_ep(const TraceOptions& o);
+
 void run_trace(const TraceOptions& o) {
+  if (o.ep.ranks > 0) return run_trace_ep(o);
   check_output_paths({{"--out", o.out}, {"--svg", o.svg}});  // before the work, not after it
   const Isa isa = kernel_isa(o.model.isa);
   const Schedule schedule = parse_schedule(o.schedule);
@@ -46,11 +75,7 @@ void run_trace(const TraceOptions& o) {
     else layer.forward(x.data(), o.tokens, y.data(), fo);
     main.synchronize();
   };
-  call();  // warm-up: first touch of workspaces and weights
-  dev->set_tracing(true);
-  call();
-  dev->set_tracing(false);
-  const rt::Trace trace = dev->take_trace();
+  const rt::Trace trace = traced_call(*dev, call, nullptr);
   const ScheduleDecision d = layer.effective_schedule(fo, o.tokens);
   const std::string title = m.label + ", layer " + std::to_string(m.layer) + ", " + std::to_string(o.tokens) +
                             " tokens, schedule " + std::string(schedule_name(d.schedule)) + (o.graph ? " (graph replay)" : "") + ", " +
@@ -59,16 +84,74 @@ void run_trace(const TraceOptions& o) {
   write_chrome_trace(trace, o.out);
   if (!o.svg.empty()) write_timeline_svg(trace, title, o.svg);
   outputs.commit();
-  const OverlapStats s = overlap_stats(trace);
   std::printf("%s\n", title.c_str());
   if (!d.reason.empty()) std::printf("note: %s\n", d.reason.c_str());
-  std::set<int> streams;
-  for (const rt::OpRecord& r : trace.ops) streams.insert(r.stream_id);
-  std::printf("  %zu operations on %zu %s; forward %.1f us; shared branch busy %.1f us, routed path busy "
-              "%.1f us, both at once %.1f us\n",
-              trace.ops.size(), streams.size(), streams.size() == 1 ? "stream" : "streams", s.span_us, s.shared_us,
-              s.routed_us, s.concurrent_us);
+  print_stats("", trace);
   std::printf("  wrote %s%s%s\n", o.out.c_str(), o.svg.empty() ? "" : " and ", o.svg.c_str());
+}
+
+// Under mpirun: every rank traces one call of its own tokens (seeded by rank, as in bench --ep) and rank 0
+// merges the traces. Each rank's times are moved onto rank 0's by aligning the first enqueue of the traced
+// call, which every rank makes right after a barrier: the ranks line up to within that barrier's skew.
+void run_trace_ep(const TraceOptions& o) {
+  check_output_paths({{"--out", o.out}, {"--svg", o.svg}});
+  std::unique_ptr<ep::Communicator> comm = join_ranks(o.ep.ranks, std::chrono::milliseconds(o.ep.timeout_ms));
+  on_every_rank(*comm, [&] {
+    const int r = comm->rank(), n = comm->size();
+    const Isa isa = kernel_isa(o.model.isa);
+    const Schedule schedule = parse_schedule(o.schedule);
+    const ep::ExchangeMode mode = o.ep.exchange_mode();
+    LoadedModel m = load_rank_share(o.model, *comm);
+    ep::check_agreement(*comm, {{"--model", o.model.model},
+                                {"--layer", std::to_string(m.layer)},
+                                {"--tokens", std::to_string(o.tokens)},
+                                {"--schedule", o.schedule},
+                                {"--ep-mode", ep::exchange_mode_name(mode)},
+                                {"--isa", std::string(isa_name(isa))},
+                                {"--graph", o.graph ? "on" : "off"}});
+    const std::vector<float> x = random_activations(o.tokens, m.config.hidden, o.model.seed + 1000 * static_cast<uint64_t>(r));
+    std::vector<float> y(x.size());
+    auto dev = rt::make_cpu_device(rank_device_options(*comm, o.threads));
+    MoeLayer layer(m.config, m.weights, *dev,
+                   {.max_tokens = std::max<int64_t>(o.tokens, 1),
+                    .policy = OverlapPolicy::from_env(),
+                    .isa = isa,
+                    .tuning = read_tuning_file(o.model.tuning),
+                    .comm = comm.get(),
+                    .ep_mode = mode});
+    const ForwardOptions fo{.schedule = schedule, .prefill = o.prefill};
+    rt::Stream main = rt::current_stream(*dev);
+    LayerGraph graph;
+    if (o.graph) graph = layer.capture(x.data(), o.tokens, y.data(), fo);
+    auto call = [&] {
+      if (o.graph) layer.replay(graph, x.data(), o.tokens, y.data());
+      else layer.forward(x.data(), o.tokens, y.data(), fo);
+      main.synchronize();
+    };
+    const std::vector<std::string> texts = comm->allgather(serialize_trace(traced_call(*dev, call, comm.get())));
+    if (r != 0) return;
+    std::vector<TracePart> parts;
+    for (int k = 0; k < n; ++k) parts.push_back({"rank " + std::to_string(k), parse_trace(texts[static_cast<size_t>(k)])});
+    auto first_enqueue = [](const rt::Trace& t) {
+      int64_t first = INT64_MAX;
+      for (const rt::OpRecord& op : t.ops) first = std::min(first, op.enqueue_ns);
+      return first == INT64_MAX ? 0 : first;
+    };
+    for (TracePart& p : parts) shift_trace(p.trace, first_enqueue(parts[0].trace) - first_enqueue(p.trace));
+    const ScheduleDecision d = layer.effective_schedule(fo, o.tokens);
+    const std::string title = m.label + ", layer " + std::to_string(m.layer) + ", " + std::to_string(n) + " ranks x " +
+                              std::to_string(o.tokens) + " tokens, schedule " + std::string(schedule_name(d.schedule)) +
+                              (o.graph ? " (graph replay)" : "") + ", " + ep::exchange_mode_name(mode) + " exchange, " +
+                              std::to_string(dev->num_workers()) + " workers per rank";
+    OutputBatch outputs;  // both files or neither
+    write_chrome_trace(parts, o.out);
+    if (!o.svg.empty()) write_timeline_svg(parts, title, o.svg);
+    outputs.commit();
+    std::printf("%s\n", title.c_str());
+    if (!d.reason.empty()) std::printf("note: %s\n", d.reason.c_str());
+    for (const TracePart& p : parts) print_stats(p.label + ": ", p.trace);
+    std::printf("  wrote %s%s%s\n", o.out.c_str(), o.svg.empty() ? "" : " and ", o.svg.c_str());
+  });
 }
 
 }  // namespace
@@ -87,6 +170,7 @@ void add_trace_command(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "worker threads (default: one per core)");
   cmd->add_flag("--prefill", o->prefill, "mark the call as prefill");
   cmd->add_flag("--graph", o->graph, "trace a replay of the captured forward instead of an eager call");
+  add_ep_options(cmd, o->ep, "each rank traces its own --tokens; rank 0 writes one file, a process per rank");
   cmd->callback([o] { run_trace(*o); });
 }
 

@@ -26,6 +26,20 @@ rt::CpuDeviceOptions rank_device_options(const ep::Communicator& comm, int threa
   return {.num_workers = threads, .first_cpu = comm.rank() * std::max(threads, 1)};
 }
 
+LoadedModel load_rank_share(const ModelOptions& options, const ep::Communicator& comm) {
+  const int r = comm.rank(), n = comm.size();
+  if (options.experts >= 0)
+    throw std::invalid_argument("--experts and --ep exclude each other: under --ep every rank maps its own share");
+  const int64_t num_experts = model_num_experts(options);
+  if (num_experts < n)
+    throw std::invalid_argument("--ep " + std::to_string(n) + ": the model has only " + std::to_string(num_experts) +
+                                " experts");
+  ModelOptions mine = options;
+  mine.first_expert = ep::first_expert(num_experts, n, r);
+  mine.experts = ep::first_expert(num_experts, n, r + 1) - mine.first_expert;
+  return load_model(mine);
+}
+
 std::unique_ptr<ep::Communicator> join_ranks(int expected, std::chrono::milliseconds timeout) {
 #ifdef MOE_HAVE_MPI
   std::unique_ptr<ep::Communicator> comm = ep::MpiCommunicator::init(nullptr, nullptr, timeout);

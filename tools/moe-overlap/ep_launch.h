@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ep/communicator.h"
+#include "model_source.h"
 #include "runtime/runtime.h"
 
 namespace moe::tools {
@@ -30,6 +31,11 @@ std::unique_ptr<ep::Communicator> join_ranks(int expected, std::chrono::millisec
 // The CPU device of this rank: `threads` workers (0: one per core), pinned from CPU rank * threads on, so that
 // ranks sharing a machine do not pin their workers to the same cores.
 rt::CpuDeviceOptions rank_device_options(const ep::Communicator& comm, int threads);
+
+// This rank's share of --model: the router and the shared expert, and the routed experts it owns
+// (ep::first_expert). std::invalid_argument when --experts is also given or the model has fewer experts than
+// ranks.
+LoadedModel load_rank_share(const ModelOptions& options, const ep::Communicator& comm);
 
 // Runs `body`; on an exception prints one line naming this rank and ends every rank of the job (a rank that
 // fails alone would leave its peers waiting in an exchange).

@@ -11,8 +11,6 @@
 
 namespace moe::tools {
 
-namespace {
-
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
@@ -23,6 +21,8 @@ std::string cpu_model() {
     }
   return "unknown CPU";
 }
+
+namespace {
 
 std::filesystem::path cache_path() {
   const char* xdg = std::getenv("XDG_CACHE_HOME");

@@ -30,6 +30,9 @@ struct MachineFigures {
   nlohmann::json to_json() const;
 };
 
+// The CPU's model name from /proc/cpuinfo ("unknown CPU" where it has none).
+std::string cpu_model();
+
 // Measures now (takes about a second) and updates the cache. The read bandwidth is measured over
 // `probe_buffer` when it is resident and large enough to read from DRAM (measure_dram_read_gbps), so that
 // nothing is unmapped just before a benchmark times its calls; else over a fresh 1 GiB mapping.

@@ -5,6 +5,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 
 #include "output_file.h"
 
@@ -14,10 +15,18 @@ namespace {
 
 double us(int64_t ns, int64_t t0) { return static_cast<double>(ns - t0) / 1000.0; }
 
-int64_t trace_start(const rt::Trace& t) {
+int64_t trace_start(const std::vector<TracePart>& parts) {
   int64_t t0 = INT64_MAX;
-  for (const auto& op : t.ops) t0 = std::min(t0, op.enqueue_ns);
+  for (const TracePart& p : parts)
+    for (const auto& op : p.trace.ops) t0 = std::min(t0, op.enqueue_ns);
   return t0 == INT64_MAX ? 0 : t0;
+}
+
+// Worker lanes' thread ids in the JSON, above any stream id.
+constexpr int kWorkerTid0 = 1000;
+
+std::string stream_label(const std::string& prefix, int id, const std::string& name) {
+  return prefix + "stream " + std::to_string(id) + (name.empty() ? "" : " (" + name + ")");
 }
 
 std::string xml_escape(const std::string& s) {
@@ -44,80 +53,99 @@ const char* colour_for(const std::string& name) {
 
 }  // namespace
 
-void write_chrome_trace(const rt::Trace& trace, const std::string& path) {
+void write_chrome_trace(const std::vector<TracePart>& parts, const std::string& path) {
   using nlohmann::json;
-  const int64_t t0 = trace_start(trace);
+  const int64_t t0 = trace_start(parts);
   json events = json::array();
-  std::map<int, std::string> streams;
-  for (const auto& op : trace.ops) {
-    streams[op.stream_id] = op.stream_name;
-    events.push_back({{"name", op.name}, {"cat", "op"}, {"ph", "X"}, {"pid", 1}, {"tid", op.stream_id},
-                      {"ts", us(op.start_ns, t0)}, {"dur", us(op.end_ns, op.start_ns)},
-                      {"args", {{"seq", op.seq}, {"tiles", op.tiles.size()}, {"enqueued_us", us(op.enqueue_ns, t0)}}}});
-    for (const auto& tile : op.tiles)
-      events.push_back({{"name", op.name}, {"cat", "tile"}, {"ph", "X"}, {"pid", 2}, {"tid", tile.worker},
-                        {"ts", us(tile.start_ns, t0)}, {"dur", us(tile.end_ns, tile.start_ns)},
-                        {"args", {{"tile", tile.tile}, {"stream", op.stream_id}}}});
-  }
   int flow = 0;
-  for (const auto& e : trace.edges) {
-    ++flow;
-    events.push_back({{"name", "event"}, {"cat", "event"}, {"ph", "s"}, {"id", flow}, {"pid", 1},
-                      {"tid", e.from_stream}, {"ts", us(e.time_ns, t0)}});
-    events.push_back({{"name", "event"}, {"cat", "event"}, {"ph", "f"}, {"bp", "e"}, {"id", flow}, {"pid", 1},
-                      {"tid", e.to_stream}, {"ts", us(e.time_ns, t0)}});
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const rt::Trace& trace = parts[i].trace;
+    const int pid = static_cast<int>(i) + 1;
+    std::map<int, std::string> streams;
+    for (const auto& op : trace.ops) {
+      streams[op.stream_id] = op.stream_name;
+      events.push_back({{"name", op.name}, {"cat", "op"}, {"ph", "X"}, {"pid", pid}, {"tid", op.stream_id},
+                        {"ts", us(op.start_ns, t0)}, {"dur", us(op.end_ns, op.start_ns)},
+                        {"args", {{"seq", op.seq}, {"tiles", op.tiles.size()}, {"enqueued_us", us(op.enqueue_ns, t0)}}}});
+      for (const auto& tile : op.tiles)
+        events.push_back({{"name", op.name}, {"cat", "tile"}, {"ph", "X"}, {"pid", pid},
+                          {"tid", kWorkerTid0 + tile.worker}, {"ts", us(tile.start_ns, t0)},
+                          {"dur", us(tile.end_ns, tile.start_ns)}, {"args", {{"tile", tile.tile}, {"stream", op.stream_id}}}});
+    }
+    for (const auto& e : trace.edges) {
+      ++flow;
+      events.push_back({{"name", "event"}, {"cat", "event"}, {"ph", "s"}, {"id", flow}, {"pid", pid},
+                        {"tid", e.from_stream}, {"ts", us(e.time_ns, t0)}});
+      events.push_back({{"name", "event"}, {"cat", "event"}, {"ph", "f"}, {"bp", "e"}, {"id", flow}, {"pid", pid},
+                        {"tid", e.to_stream}, {"ts", us(e.time_ns, t0)}});
+    }
+    const std::string label = parts[i].label.empty() ? "moe-overlap" : parts[i].label;
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", label}}}});
+    events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
+    for (const auto& [id, name] : streams)
+      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", id},
+                        {"args", {{"name", stream_label("", id, name)}}}});
+    for (int w = 0; w < trace.num_workers; ++w)
+      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", kWorkerTid0 + w},
+                        {"args", {{"name", "worker " + std::to_string(w)}}}});
   }
-  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 1}, {"args", {{"name", "streams"}}}});
-  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 2}, {"args", {{"name", "workers"}}}});
-  for (const auto& [id, name] : streams)
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 1}, {"tid", id},
-                      {"args", {{"name", "stream " + std::to_string(id) + (name.empty() ? "" : " (" + name + ")")}}}});
-  for (int w = 0; w < trace.num_workers; ++w)
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 2}, {"tid", w},
-                      {"args", {{"name", "worker " + std::to_string(w)}}}});
   json doc = {{"traceEvents", events}, {"displayTimeUnit", "ns"}};
   write_file_atomically(path, doc.dump(1));
 }
 
-void write_timeline_svg(const rt::Trace& trace, const std::string& title, const std::string& path) {
-  const int64_t t0 = trace_start(trace);
+void write_timeline_svg(const std::vector<TracePart>& parts, const std::string& title, const std::string& path) {
+  const int64_t t0 = trace_start(parts);
   int64_t t1 = t0 + 1;
-  std::map<int, std::string> streams;
-  std::map<std::pair<int, uint64_t>, const rt::OpRecord*> by_seq;
-  for (const auto& op : trace.ops) {
-    t1 = std::max(t1, op.end_ns);
-    streams[op.stream_id] = op.stream_name;
-    by_seq[{op.stream_id, op.seq}] = &op;
+  // Lanes, top to bottom: every part's streams, then its workers.
+  struct Lane {
+    std::string label;
+    bool worker = false;
+  };
+  std::vector<Lane> lanes;
+  std::vector<std::map<int, int>> stream_lane(parts.size());
+  std::vector<int> worker_lane0(parts.size());
+  std::vector<int> first_lane(parts.size());
+  bool prefixed = false;
+  for (const TracePart& p : parts) prefixed |= !p.label.empty();
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::string prefix = parts[i].label.empty() ? "" : parts[i].label + ": ";
+    std::map<int, std::string> streams;
+    for (const auto& op : parts[i].trace.ops) {
+      t1 = std::max(t1, op.end_ns);
+      streams[op.stream_id] = op.stream_name;
+    }
+    first_lane[i] = static_cast<int>(lanes.size());
+    for (const auto& [id, name] : streams) {
+      stream_lane[i][id] = static_cast<int>(lanes.size());
+      lanes.push_back({stream_label(prefix, id, name), false});
+    }
+    worker_lane0[i] = static_cast<int>(lanes.size());
+    for (int w = 0; w < parts[i].trace.num_workers; ++w) lanes.push_back({prefix + "worker " + std::to_string(w), true});
   }
-  std::map<int, int> stream_lane;
-  int lanes = 0;
-  for (const auto& [id, name] : streams) stream_lane[id] = lanes++;
-  const int worker_lane0 = lanes;
-  lanes += trace.num_workers;
+  const int num_lanes = static_cast<int>(lanes.size());
 
-  const double left = 150, width = 1100, lane_h = 34, top = 50;
+  const double left = prefixed ? 210 : 150, width = 1100, lane_h = 34, top = 50;
   const double span = static_cast<double>(t1 - t0);
   auto x = [&](int64_t ns) { return left + width * static_cast<double>(ns - t0) / span; };
   std::ostringstream s;
   s.setf(std::ios::fixed);
   s.precision(1);
-  const double height = top + lane_h * lanes + 40;
+  const double height = top + lane_h * num_lanes + 40;
   s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << left + width + 20 << "' height='" << height
     << "' font-family='sans-serif' font-size='11'>\n"
     << "<defs><marker id='arrow' markerWidth='8' markerHeight='8' refX='7' refY='3' orient='auto'>"
     << "<path d='M0,0 L7,3 L0,6 z' fill='#333'/></marker></defs>\n"
     << "<rect width='100%' height='100%' fill='white'/>\n"
     << "<text x='10' y='20' font-size='14'>" << xml_escape(title) << "</text>\n";
-  for (const auto& [id, lane] : stream_lane) {
-    const std::string& name = streams[id];
-    s << "<text x='10' y='" << top + lane_h * lane + 20 << "'>stream " << id
-      << (name.empty() ? "" : " (" + xml_escape(name) + ")") << "</text>\n";
+  for (int l = 0; l < num_lanes; ++l)
+    s << "<text x='10' y='" << top + lane_h * l + 20 << "'" << (lanes[l].worker ? " fill='#555'" : "") << ">"
+      << xml_escape(lanes[l].label) << "</text>\n";
+  for (int l = 0; l <= num_lanes; ++l) {
+    // A darker rule where one part's lanes end and the next part's begin.
+    const bool boundary = l > 0 && l < num_lanes && std::find(first_lane.begin(), first_lane.end(), l) != first_lane.end();
+    s << "<line x1='" << (boundary ? 0.0 : left) << "' x2='" << left + width << "' y1='" << top + lane_h * l
+      << "' y2='" << top + lane_h * l << "' stroke='" << (boundary ? "#888" : "#ddd") << "'/>\n";
   }
-  for (int w = 0; w < trace.num_workers; ++w)
-    s << "<text x='10' y='" << top + lane_h * (worker_lane0 + w) + 20 << "' fill='#555'>worker " << w << "</text>\n";
-  for (int l = 0; l <= lanes; ++l)
-    s << "<line x1='" << left << "' x2='" << left + width << "' y1='" << top + lane_h * l << "' y2='"
-      << top + lane_h * l << "' stroke='#ddd'/>\n";
   auto box = [&](double y, int64_t a, int64_t b, const std::string& name, bool label) {
     const double x0 = x(a), w = std::max(0.5, x(b) - x0);
     s << "<rect x='" << x0 << "' y='" << y + 3 << "' width='" << w << "' height='" << lane_h - 6 << "' fill='"
@@ -127,22 +155,25 @@ void write_timeline_svg(const rt::Trace& trace, const std::string& title, const 
       s << "<text x='" << x0 + 2 << "' y='" << y + lane_h / 2 + 4 << "' fill='white'>" << xml_escape(name)
         << "</text>\n";
   };
-  for (const auto& op : trace.ops) {
-    box(top + lane_h * stream_lane[op.stream_id], op.start_ns, op.end_ns, op.name, true);
-    for (const auto& tile : op.tiles) box(top + lane_h * (worker_lane0 + tile.worker), tile.start_ns, tile.end_ns, op.name, false);
-  }
-  // Event edges: from the end of the recorded work on one stream to the waiting stream's lane.
-  for (const auto& e : trace.edges) {
-    auto from = stream_lane.find(e.from_stream);
-    auto to = stream_lane.find(e.to_stream);
-    if (from == stream_lane.end() || to == stream_lane.end()) continue;
-    const double y0 = top + lane_h * from->second + lane_h / 2, y1 = top + lane_h * to->second + lane_h / 2;
-    const double xa = x(e.time_ns);
-    s << "<line x1='" << xa << "' y1='" << y0 << "' x2='" << xa << "' y2='" << (y1 > y0 ? y1 - 8 : y1 + 8)
-      << "' stroke='#333' stroke-width='1' marker-end='url(#arrow)'/>\n";
+  for (size_t i = 0; i < parts.size(); ++i) {
+    for (const auto& op : parts[i].trace.ops) {
+      box(top + lane_h * stream_lane[i][op.stream_id], op.start_ns, op.end_ns, op.name, true);
+      for (const auto& tile : op.tiles)
+        box(top + lane_h * (worker_lane0[i] + tile.worker), tile.start_ns, tile.end_ns, op.name, false);
+    }
+    // Event edges: from the end of the recorded work on one stream to the waiting stream's lane.
+    for (const auto& e : parts[i].trace.edges) {
+      auto from = stream_lane[i].find(e.from_stream);
+      auto to = stream_lane[i].find(e.to_stream);
+      if (from == stream_lane[i].end() || to == stream_lane[i].end()) continue;
+      const double y0 = top + lane_h * from->second + lane_h / 2, y1 = top + lane_h * to->second + lane_h / 2;
+      const double xa = x(e.time_ns);
+      s << "<line x1='" << xa << "' y1='" << y0 << "' x2='" << xa << "' y2='" << (y1 > y0 ? y1 - 8 : y1 + 8)
+        << "' stroke='#333' stroke-width='1' marker-end='url(#arrow)'/>\n";
+    }
   }
   // Time axis.
-  const double axis_y = top + lane_h * lanes + 15;
+  const double axis_y = top + lane_h * num_lanes + 15;
   for (int i = 0; i <= 10; ++i) {
     const double xi = left + width * i / 10.0;
     s << "<line x1='" << xi << "' x2='" << xi << "' y1='" << axis_y - 10 << "' y2='" << axis_y - 5
@@ -151,6 +182,64 @@ void write_timeline_svg(const rt::Trace& trace, const std::string& title, const 
   }
   s << "</svg>\n";
   write_file_atomically(path, s.str());
+}
+
+void write_chrome_trace(const rt::Trace& trace, const std::string& path) {
+  write_chrome_trace(std::vector<TracePart>{{"", trace}}, path);
+}
+
+void write_timeline_svg(const rt::Trace& trace, const std::string& title, const std::string& path) {
+  write_timeline_svg(std::vector<TracePart>{{"", trace}}, title, path);
+}
+
+std::string serialize_trace(const rt::Trace& trace) {
+  using nlohmann::json;
+  json ops = json::array(), edges = json::array();
+  for (const rt::OpRecord& op : trace.ops) {
+    json tiles = json::array();
+    for (const rt::TileRecord& t : op.tiles) tiles.push_back({t.tile, t.worker, t.start_ns, t.end_ns});
+    ops.push_back({op.stream_id, op.stream_name, op.name, op.seq, op.enqueue_ns, op.start_ns, op.end_ns,
+                   op.graph_node, tiles});
+  }
+  for (const rt::EdgeRecord& e : trace.edges) edges.push_back({e.from_stream, e.from_seq, e.to_stream, e.to_seq, e.time_ns});
+  return json{{"workers", trace.num_workers}, {"ops", ops}, {"edges", edges}}.dump();
+}
+
+rt::Trace parse_trace(const std::string& text) {
+  rt::Trace t;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    t.num_workers = j.at("workers").get<int>();
+    for (const auto& o : j.at("ops")) {
+      rt::OpRecord r{.stream_id = o.at(0).get<int>(),
+                     .stream_name = o.at(1).get<std::string>(),
+                     .name = o.at(2).get<std::string>(),
+                     .seq = o.at(3).get<uint64_t>(),
+                     .enqueue_ns = o.at(4).get<int64_t>(),
+                     .start_ns = o.at(5).get<int64_t>(),
+                     .end_ns = o.at(6).get<int64_t>(),
+                     .graph_node = o.at(7).get<int>()};
+      for (const auto& tile : o.at(8))
+        r.tiles.push_back({tile.at(0).get<int>(), tile.at(1).get<int>(), tile.at(2).get<int64_t>(), tile.at(3).get<int64_t>()});
+      t.ops.push_back(std::move(r));
+    }
+    for (const auto& e : j.at("edges"))
+      t.edges.push_back({e.at(0).get<int>(), e.at(1).get<uint64_t>(), e.at(2).get<int>(), e.at(3).get<uint64_t>(),
+                         e.at(4).get<int64_t>()});
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(std::string("a serialized trace is malformed: ") + e.what());
+  }
+  return t;
+}
+
+void shift_trace(rt::Trace& trace, int64_t ns) {
+  for (rt::OpRecord& op : trace.ops) {
+    op.enqueue_ns += ns;
+    op.start_ns += ns;
+    op.end_ns += ns;
+    for (rt::TileRecord& t : op.tiles) t.start_ns += ns, t.end_ns += ns;
+  }
+  for (rt::EdgeRecord& e : trace.edges) e.time_ns += ns;
 }
 
 }  // namespace moe::tools

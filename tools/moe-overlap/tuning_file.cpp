@@ -47,14 +47,17 @@ void write_tuning_file(const std::string& path, const BenchReport& report) {
     const BenchResult*& cur = best[b.tokens];
     if (cur == nullptr || b.median_us < cur->median_us) cur = &b;
   }
+  std::vector<TuningEntry> entries;
+  for (const auto& [tokens, b] : best) entries.push_back({tokens, b->effective, b->speedup_vs_serial});
+  write_tuning_file(path, report.model, report.machine.cpu, report.machine.threads, report.machine.isa, entries);
+}
+
+void write_tuning_file(const std::string& path, const std::string& model, const std::string& cpu, int threads,
+                       const std::string& isa, const std::vector<TuningEntry>& entries) {
   nlohmann::json table = nlohmann::json::array();
-  for (const auto& [tokens, b] : best)
-    table.push_back({{"tokens", tokens}, {"schedule", b->effective}, {"speedup_vs_serial", b->speedup_vs_serial}});
-  const nlohmann::json j = {{"model", report.model},
-                            {"cpu", report.machine.cpu},
-                            {"threads", report.machine.threads},
-                            {"isa", report.machine.isa},
-                            {"table", table}};
+  for (const TuningEntry& e : entries)
+    table.push_back({{"tokens", e.tokens}, {"schedule", e.schedule}, {"speedup_vs_serial", e.speedup_vs_serial}});
+  const nlohmann::json j = {{"model", model}, {"cpu", cpu}, {"threads", threads}, {"isa", isa}, {"table", table}};
   write_file_atomically(path, j.dump(1));
 }
 
