@@ -28,17 +28,6 @@ struct TraceOptions {
   EpOptions ep;
 };
 
-// Warm-up (first touch of workspaces and weights), then one traced call.
-template <class Call>
-rt::Trace traced_call(rt::Device& dev, Call&& call, ep::Communicator* comm) {
-  call();
-  if (comm) comm->allgather("");  // every rank enqueues its traced call right after this barrier
-  dev.set_tracing(true);
-  call();
-  dev.set_tracing(false);
-  return dev.take_trace();
-}
-
 void print_stats(const std::string& who, const rt::Trace& trace) {
   const OverlapStats s = overlap_stats(trace);
   std::set<int> streams;
@@ -50,22 +39,40 @@ void print_stats(const std::string& who, const rt::Trace& trace) {
               s.exchange_us > 0 ? (", exchanges " + std::to_string(static_cast<int>(s.exchange_us + 0.5)) + " us").c_str() : "");
 }
 
-void run_trace_ep(const TraceOptions& o);
+int64_t first_enqueue(const rt::Trace& t) {
+  int64_t first = INT64_MAX;
+  for (const rt::OpRecord& op : t.ops) first = std::min(first, op.enqueue_ns);
+  return first == INT64_MAX ? 0 : first;
+}
 
-void run_trace(const TraceOptions& o) {
-  if (o.ep.ranks > 0) return run_trace_ep(o);
-  check_output_paths({{"--out", o.out}, {"--svg", o.svg}});  // before the work, not after it
+// One process (comm null), or one rank of an expert-parallel job: each rank traces one call of its own tokens
+// (seeded by rank, as in bench --ep) and rank 0 merges the traces. Each rank's times are moved onto rank 0's
+// by aligning the first enqueue of the traced call, which every rank makes right after a barrier: the ranks
+// line up to within that barrier's skew.
+void trace_call(const TraceOptions& o, ep::Communicator* comm) {
+  const int r = comm ? comm->rank() : 0, n = comm ? comm->size() : 1;
   const Isa isa = kernel_isa(o.model.isa);
   const Schedule schedule = parse_schedule(o.schedule);
-  LoadedModel m = load_model(o.model);
-  const std::vector<float> x = random_activations(o.tokens, m.config.hidden, o.model.seed);
+  const ep::ExchangeMode mode = o.ep.exchange_mode();
+  LoadedModel m = comm ? load_rank_share(o.model, *comm) : load_model(o.model);
+  if (comm)
+    ep::check_agreement(*comm, {{"--model", o.model.model},
+                                {"--layer", std::to_string(m.layer)},
+                                {"--tokens", std::to_string(o.tokens)},
+                                {"--schedule", o.schedule},
+                                {"--ep-mode", ep::exchange_mode_name(mode)},
+                                {"--isa", std::string(isa_name(isa))},
+                                {"--graph", o.graph ? "on" : "off"}});
+  const std::vector<float> x = random_activations(o.tokens, m.config.hidden, o.model.seed + 1000 * static_cast<uint64_t>(r));
   std::vector<float> y(x.size());
-  auto dev = rt::make_cpu_device({.num_workers = o.threads});
+  auto dev = rt::make_cpu_device(comm ? rank_device_options(*comm, o.threads) : rt::CpuDeviceOptions{.num_workers = o.threads});
   MoeLayer layer(m.config, m.weights, *dev,
                  {.max_tokens = std::max<int64_t>(o.tokens, 1),
                   .policy = OverlapPolicy::from_env(),
                   .isa = isa,
-                  .tuning = read_tuning_file(o.model.tuning)});
+                  .tuning = read_tuning_file(o.model.tuning),
+                  .comm = comm,
+                  .ep_mode = mode});
   const ForwardOptions fo{.schedule = schedule, .prefill = o.prefill};
   rt::Stream main = rt::current_stream(*dev);
   LayerGraph graph;
@@ -75,83 +82,43 @@ void run_trace(const TraceOptions& o) {
     else layer.forward(x.data(), o.tokens, y.data(), fo);
     main.synchronize();
   };
-  const rt::Trace trace = traced_call(*dev, call, nullptr);
+  call();  // warm-up: first touch of workspaces and weights
+  if (comm) comm->allgather("");  // every rank enqueues its traced call right after this barrier
+  dev->set_tracing(true);
+  call();
+  dev->set_tracing(false);
+  std::vector<TracePart> parts;
+  if (comm) {
+    const std::vector<std::string> texts = comm->allgather(serialize_trace(dev->take_trace()));
+    if (r != 0) return;
+    for (int k = 0; k < n; ++k) parts.push_back({"rank " + std::to_string(k), parse_trace(texts[static_cast<size_t>(k)])});
+    const int64_t t0 = first_enqueue(parts[0].trace);
+    for (TracePart& p : parts) shift_trace(p.trace, t0 - first_enqueue(p.trace));
+  } else {
+    parts.push_back({"", dev->take_trace()});
+  }
   const ScheduleDecision d = layer.effective_schedule(fo, o.tokens);
-  const std::string title = m.label + ", layer " + std::to_string(m.layer) + ", " + std::to_string(o.tokens) +
-                            " tokens, schedule " + std::string(schedule_name(d.schedule)) + (o.graph ? " (graph replay)" : "") + ", " +
-                            std::to_string(dev->num_workers()) + " workers";
+  const std::string title =
+      m.label + ", layer " + std::to_string(m.layer) + ", " +
+      (comm ? std::to_string(n) + " ranks x " : "") + std::to_string(o.tokens) + " tokens, schedule " +
+      std::string(schedule_name(d.schedule)) + (o.graph ? " (graph replay)" : "") + ", " +
+      (comm ? std::string(ep::exchange_mode_name(mode)) + " exchange, " : "") + std::to_string(dev->num_workers()) +
+      (comm ? " workers per rank" : " workers");
   OutputBatch outputs;  // both files or neither
-  write_chrome_trace(trace, o.out);
-  if (!o.svg.empty()) write_timeline_svg(trace, title, o.svg);
+  write_chrome_trace(parts, o.out);
+  if (!o.svg.empty()) write_timeline_svg(parts, title, o.svg);
   outputs.commit();
   std::printf("%s\n", title.c_str());
   if (!d.reason.empty()) std::printf("note: %s\n", d.reason.c_str());
-  print_stats("", trace);
+  for (const TracePart& p : parts) print_stats(p.label.empty() ? "" : p.label + ": ", p.trace);
   std::printf("  wrote %s%s%s\n", o.out.c_str(), o.svg.empty() ? "" : " and ", o.svg.c_str());
 }
 
-// Under mpirun: every rank traces one call of its own tokens (seeded by rank, as in bench --ep) and rank 0
-// merges the traces. Each rank's times are moved onto rank 0's by aligning the first enqueue of the traced
-// call, which every rank makes right after a barrier: the ranks line up to within that barrier's skew.
-void run_trace_ep(const TraceOptions& o) {
-  check_output_paths({{"--out", o.out}, {"--svg", o.svg}});
+void run_trace(const TraceOptions& o) {
+  check_output_paths({{"--out", o.out}, {"--svg", o.svg}});  // before the work, not after it
+  if (o.ep.ranks == 0) return trace_call(o, nullptr);
   std::unique_ptr<ep::Communicator> comm = join_ranks(o.ep.ranks, std::chrono::milliseconds(o.ep.timeout_ms));
-  on_every_rank(*comm, [&] {
-    const int r = comm->rank(), n = comm->size();
-    const Isa isa = kernel_isa(o.model.isa);
-    const Schedule schedule = parse_schedule(o.schedule);
-    const ep::ExchangeMode mode = o.ep.exchange_mode();
-    LoadedModel m = load_rank_share(o.model, *comm);
-    ep::check_agreement(*comm, {{"--model", o.model.model},
-                                {"--layer", std::to_string(m.layer)},
-                                {"--tokens", std::to_string(o.tokens)},
-                                {"--schedule", o.schedule},
-                                {"--ep-mode", ep::exchange_mode_name(mode)},
-                                {"--isa", std::string(isa_name(isa))},
-                                {"--graph", o.graph ? "on" : "off"}});
-    const std::vector<float> x = random_activations(o.tokens, m.config.hidden, o.model.seed + 1000 * static_cast<uint64_t>(r));
-    std::vector<float> y(x.size());
-    auto dev = rt::make_cpu_device(rank_device_options(*comm, o.threads));
-    MoeLayer layer(m.config, m.weights, *dev,
-                   {.max_tokens = std::max<int64_t>(o.tokens, 1),
-                    .policy = OverlapPolicy::from_env(),
-                    .isa = isa,
-                    .tuning = read_tuning_file(o.model.tuning),
-                    .comm = comm.get(),
-                    .ep_mode = mode});
-    const ForwardOptions fo{.schedule = schedule, .prefill = o.prefill};
-    rt::Stream main = rt::current_stream(*dev);
-    LayerGraph graph;
-    if (o.graph) graph = layer.capture(x.data(), o.tokens, y.data(), fo);
-    auto call = [&] {
-      if (o.graph) layer.replay(graph, x.data(), o.tokens, y.data());
-      else layer.forward(x.data(), o.tokens, y.data(), fo);
-      main.synchronize();
-    };
-    const std::vector<std::string> texts = comm->allgather(serialize_trace(traced_call(*dev, call, comm.get())));
-    if (r != 0) return;
-    std::vector<TracePart> parts;
-    for (int k = 0; k < n; ++k) parts.push_back({"rank " + std::to_string(k), parse_trace(texts[static_cast<size_t>(k)])});
-    auto first_enqueue = [](const rt::Trace& t) {
-      int64_t first = INT64_MAX;
-      for (const rt::OpRecord& op : t.ops) first = std::min(first, op.enqueue_ns);
-      return first == INT64_MAX ? 0 : first;
-    };
-    for (TracePart& p : parts) shift_trace(p.trace, first_enqueue(parts[0].trace) - first_enqueue(p.trace));
-    const ScheduleDecision d = layer.effective_schedule(fo, o.tokens);
-    const std::string title = m.label + ", layer " + std::to_string(m.layer) + ", " + std::to_string(n) + " ranks x " +
-                              std::to_string(o.tokens) + " tokens, schedule " + std::string(schedule_name(d.schedule)) +
-                              (o.graph ? " (graph replay)" : "") + ", " + ep::exchange_mode_name(mode) + " exchange, " +
-                              std::to_string(dev->num_workers()) + " workers per rank";
-    OutputBatch outputs;  // both files or neither
-    write_chrome_trace(parts, o.out);
-    if (!o.svg.empty()) write_timeline_svg(parts, title, o.svg);
-    outputs.commit();
-    std::printf("%s\n", title.c_str());
-    if (!d.reason.empty()) std::printf("note: %s\n", d.reason.c_str());
-    for (const TracePart& p : parts) print_stats(p.label + ": ", p.trace);
-    std::printf("  wrote %s%s%s\n", o.out.c_str(), o.svg.empty() ? "" : " and ", o.svg.c_str());
-  });
+  on_every_rank(*comm, [&] { trace_call(o, comm.get()); });
 }
 
 }  // namespace
