@@ -173,7 +173,7 @@ TEST_F(Cli, BenchWritesTableJsonAndPlot) {
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(path("b.json")));
   ASSERT_EQ(j["results"].size(), 2u * 8u);  // 2 token counts x 4 schedules x eager/graph
   for (const char* key : {"schedule", "tokens", "median_us", "p10_us", "p90_us", "bytes", "gbps", "bandwidth_fraction",
-                          "gflops", "peak_fraction", "speedup_vs_serial", "hidden_fraction"})
+                          "best_fraction", "gflops", "peak_fraction", "speedup_vs_serial", "hidden_fraction"})
     EXPECT_TRUE(j["results"][0].contains(key)) << key;
   EXPECT_GT(j["machine"]["read_gbps"].get<double>(), 0.0);
   EXPECT_LE(j["huge_page_fraction"].get<double>(), 1.0);  // -1 where smaps is unavailable
@@ -191,7 +191,11 @@ TEST_F(Cli, BenchWritesTableJsonAndPlot) {
     EXPECT_EQ(b["read_gbps"].get<double>(), j["machine"]["read_gbps"].get<double>());
     EXPECT_EQ(b["read_calls"].get<int>(), 0);
     EXPECT_NEAR(b["bandwidth_fraction"].get<double>(), b["gbps"].get<double>() / b["read_gbps"].get<double>(), 1e-9);
+    // No sweep measured, so the run's best read is the start probe's.
+    EXPECT_NEAR(b["best_fraction"].get<double>(), b["gbps"].get<double>() / j["best_read_gbps"].get<double>(), 1e-9);
   }
+  EXPECT_EQ(j["best_read_gbps"].get<double>(), j["machine"]["read_gbps"].get<double>());
+  EXPECT_NE(r.out.find("of_best"), std::string::npos) << r.out;
   EXPECT_TRUE(fs::exists(path("b.svg")));
   EXPECT_NE(r.out.find("host time per call"), std::string::npos) << r.out;
 }
@@ -199,8 +203,10 @@ TEST_F(Cli, BenchWritesTableJsonAndPlot) {
 // A sweep of 128 MiB or more is timed before every call, and each call is compared with its own sweep's
 // bandwidth. With one worker every sweep counts (there is no second worker to wait for).
 TEST_F(Cli, BenchComparesEachCallWithItsSweep) {
+  // The read loop named explicitly: the probe and the sweeps run it, and the report says so.
+  const std::string loop = __builtin_cpu_supports("avx2") ? "avx2" : "scalar";
   const Result r = run("bench --model " + model() + " --threads 1 --tokens 1,4 --repeats 3 --warmup 1 --evict-mib 128 "
-                       "--settle-ms 300 --schedules serial,dual --json " + path("s.json"));
+                       "--settle-ms 300 --schedules serial,dual --read-isa " + loop + " --json " + path("s.json"));
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("300 ms of untimed calls first"), std::string::npos) << r.out;
   expect_error("bench --model " + model() + " --settle-ms -5", "--settle-ms");
@@ -233,6 +239,15 @@ TEST_F(Cli, BenchComparesEachCallWithItsSweep) {
   }
   for (const auto& b : j["results"])
     EXPECT_NEAR(b["read_gbps"].get<double>(), median(sweeps[b["tokens"].get<int64_t>()]), 1e-9) << b.dump();
+  // of_best: GB/s over the best read of the run, which is at least the start probe and every listed sweep.
+  EXPECT_EQ(j["machine"]["read_isa"].get<std::string>(), loop);
+  EXPECT_NE(r.out.find("(" + loop + " read loop)"), std::string::npos) << r.out;
+  const double best = j["best_read_gbps"].get<double>();
+  EXPECT_GE(best, j["machine"]["read_gbps"].get<double>());
+  for (const auto& [tokens, v] : sweeps) EXPECT_GE(best, *std::max_element(v.begin(), v.end())) << tokens;
+  for (const auto& b : j["results"])
+    EXPECT_NEAR(b["best_fraction"].get<double>(), b["gbps"].get<double>() / best, 1e-12) << b.dump();
+  expect_error("bench --model " + model() + " --read-isa avx512bf16", "--read-isa: expected scalar, avx2 or avx512");
 }
 
 // bench --tune writes the fastest schedule per token count; --schedule auto --tuning FILE runs it.

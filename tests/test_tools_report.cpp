@@ -3,14 +3,17 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <map>
 #include <string>
 #include <vector>
 #include <nlohmann/json.hpp>
 
+#include "bench_report.h"
 #include "output_file.h"
 #include "overlap_stats.h"
 #include "trace_export.h"
@@ -209,6 +212,58 @@ TEST(OutputFile, PathsAreCheckedUpFront) {
             "--svg '/nonexistent-dir/x.svg': cannot write: directory '/nonexistent-dir' does not exist");
   EXPECT_EQ(message({{"--out", tmp}}), "--out '" + tmp + "': cannot write: it is a directory");
   EXPECT_EQ(message({{"--json", "r.json"}, {"--tune", "r.json"}}), "--tune 'r.json': the same path as --json");
+}
+
+// The bench table and JSON carry both fractions of bandwidth, of the moment (of_bw) and of the run's best
+// read (of_best), and name the read loop that measured them.
+TEST(BenchReport, TableAndJsonShowBothFractionsAndTheReadLoop) {
+  BenchReport r;
+  r.model = "layer";
+  r.method = "method";
+  r.machine.cpu = "cpu";
+  r.machine.threads = 2;
+  r.machine.read_gbps = 40;
+  r.machine.read_isa = "avx2";
+  r.machine.isa = "avx2";
+  r.sweep_measures = true;
+  r.best_read_gbps = 50;
+  BenchResult b;
+  b.schedule = b.effective = "serial";
+  b.tokens = 8;
+  b.median_us = 1000;
+  b.bytes = 36'000'000;  // 36 GB/s
+  b.gbps = 36;
+  b.read_gbps = 40;
+  b.read_calls = 3;
+  b.bandwidth_fraction = 0.9;
+  b.best_fraction = 0.72;
+  r.results.push_back(b);
+  const std::string table = bench_table(r);
+  const size_t header = table.find("read_now");
+  ASSERT_NE(header, std::string::npos) << table;
+  EXPECT_LT(table.find("of_bw", header), table.find("of_best", header)) << table;
+  // The row: of_bw then of_best, in percent, under their headers.
+  auto words = [](const std::string& line) {
+    std::istringstream in(line);
+    return std::vector<std::string>(std::istream_iterator<std::string>(in), std::istream_iterator<std::string>());
+  };
+  const size_t head_end = table.find('\n', header);
+  const size_t head_begin = table.rfind('\n', header) + 1;
+  const std::vector<std::string> head = words(table.substr(head_begin, head_end - head_begin));
+  const std::vector<std::string> row = words(table.substr(head_end + 1, table.find('\n', head_end + 1) - head_end - 1));
+  ASSERT_EQ(head.size(), row.size()) << table;
+  const size_t of_bw = static_cast<size_t>(std::find(head.begin(), head.end(), "of_bw") - head.begin());
+  ASSERT_LT(of_bw + 1, head.size()) << table;
+  EXPECT_EQ(head[of_bw + 1], "of_best") << table;
+  EXPECT_EQ(row[of_bw], "90%") << table;
+  EXPECT_EQ(row[of_bw + 1], "72%") << table;
+  EXPECT_NE(table.find("read 40.0 GB/s at start (avx2 read loop), best 50.0 GB/s in the run"), std::string::npos) << table;
+  EXPECT_NE(table.find("of_best: GB/s over the best read bandwidth of the run, 50.0 GB/s"), std::string::npos) << table;
+  const nlohmann::json j = bench_json(r);
+  EXPECT_EQ(j["best_read_gbps"].get<double>(), 50.0);
+  EXPECT_EQ(j["machine"]["read_isa"].get<std::string>(), "avx2");
+  EXPECT_EQ(j["results"][0]["best_fraction"].get<double>(), 0.72);
+  EXPECT_EQ(j["results"][0]["bandwidth_fraction"].get<double>(), 0.9);
 }
 
 }  // namespace

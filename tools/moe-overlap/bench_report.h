@@ -35,6 +35,9 @@ struct BenchResult {
   // call is compared with the bandwidth of its own moment.
   double read_gbps = 0, read_spread = 0;
   int read_calls = 0;
+  // gbps over BenchReport::best_read_gbps: against the best the memory delivered in this run, so a slow
+  // moment does not flatter the call (of_bw can reach 100% in a slow mode that the whole machine is in).
+  double best_fraction = 0;
   double gflops = 0, peak_fraction = 0;
   double speedup_vs_serial = 0;
   double shared_alone_us = 0;  // the shared branch's own time (ops' union in a traced serial forward)
@@ -51,6 +54,9 @@ struct BenchReport {
   int64_t layer_bytes = 0;
   double huge_page_fraction = -1;  // of the weights' resident pages, in 2 MiB pages (-1: unknown)
   bool sweep_measures = false;     // the eviction sweep measured the read bandwidth (BenchResult::read_gbps)
+  // The highest read bandwidth measured in the run: the start probe and every sweep that measured (the
+  // timed calls', the settle phase's, the shared branch's traced calls'), all with machine.read_isa's loop.
+  double best_read_gbps = 0;
   std::vector<BenchResult> results;
 };
 

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <utility>
 #include <unistd.h>
 #include <cstdio>
@@ -40,6 +41,7 @@ struct BenchOptions {
   int64_t evict_mib = 256;
   bool no_policy = false, graph = false;
   std::string json, svg, tune;
+  std::string read_isa;  // the read loop of the probe and sweeps; empty: the widest (read_isa())
   EpOptions ep;  // expert parallelism (bench_ep.cpp)
 };
 
@@ -84,12 +86,14 @@ void store_min(std::atomic<int64_t>& a, int64_t v) {
 // worker wake-up nor host enqueue time is counted; the host's enqueue cost is reported on its own.
 //
 // The eviction sweep is also the bandwidth probe of the moment: each worker reads one slice with the probe's
-// loop, and the sweep is timed. This machine's bandwidth changes between modes within a fraction of a second,
-// so a probe run before and after a token count can miss a change that a whole token count sees.
+// loop (on `read_loop`), and the sweep is timed. This machine's bandwidth changes between modes within a
+// fraction of a second, so a probe run before and after a token count can miss a change that a whole token
+// count sees. The timer also keeps the best sweep it measured.
 class DeviceTimer {
  public:
-  explicit DeviceTimer(int64_t evict_mib, int workers)
+  DeviceTimer(int64_t evict_mib, int workers, Isa read_loop)
       : evict_(static_cast<size_t>(evict_mib) << 20),
+        read_loop_(read_loop),
         num_tiles_(workers),
         slice_(evict_.size() / static_cast<size_t>(workers) / 1024 * 1024),
         measures_(evict_mib >= kMeasuringSweepMib && slice_ > 0) {}
@@ -111,7 +115,7 @@ class DeviceTimer {
                   const int64_t t0 = now_ns();
                   store_min(first_start_, t0);
                   store_max(last_start_, t0);
-                  sink_ += read_once(evict_.as<const char>() + static_cast<size_t>(t) * slice_, slice_);
+                  sink_ += read_once(read_loop_, evict_.as<const char>() + static_cast<size_t>(t) * slice_, slice_);
                   const int64_t t1 = now_ns();
                   store_min(first_end_, t1);
                   store_max(start_, t1);
@@ -125,7 +129,11 @@ class DeviceTimer {
     }
   }
   void end(rt::Stream& s) {
-    s.launch({.name = "bench.stamp", .num_tiles = 1, .tile = [this](int) { end_ = now_ns(); }});
+    // Behind the call, so the sweep's timestamps are final.
+    s.launch({.name = "bench.stamp", .num_tiles = 1, .tile = [this](int) {
+                end_ = now_ns();
+                best_gbps_ = std::max(best_gbps_.load(), sweep_gbps());
+              }});
     open_ = true;
   }
   double us() const { return static_cast<double>(end_.load() - start_.load()) / 1e3; }
@@ -136,9 +144,12 @@ class DeviceTimer {
     return static_cast<double>(slice_ * static_cast<size_t>(num_tiles_)) /
            static_cast<double>(start_.load() - first_start_.load());
   }
+  // The highest sweep_gbps() of every call timed so far (0 when none measured).
+  double best_sweep_gbps() const { return best_gbps_.load(); }
 
  private:
   HostBuffer evict_;
+  const Isa read_loop_;
   const int num_tiles_;
   const size_t slice_;
   const bool measures_;
@@ -146,6 +157,7 @@ class DeviceTimer {
   std::atomic<int64_t> first_start_{0}, last_start_{0}, first_end_{0};  // of the sweep's slices
   std::atomic<bool> open_{false};
   std::atomic<uint64_t> sink_{0};
+  std::atomic<double> best_gbps_{0};
 };
 
 // A checkpoint's weights are a file mapping: the first read of each 4 KiB page takes a page fault, which a
@@ -225,7 +237,8 @@ void run_bench(const BenchOptions& o) {
   // An output that cannot be written fails now, not after the measurements.
   check_output_paths({{"--json", o.json}, {"--svg", o.svg}, {"--tune", o.tune}});
   if (o.ep.ranks > 0) {
-    if (!o.svg.empty()) throw std::invalid_argument("--ep: --svg is not available with expert parallelism");
+    if (!o.svg.empty() || !o.read_isa.empty())
+      throw std::invalid_argument("--ep: --svg and --read-isa are not available with expert parallelism");
     BenchEpOptions e{.model = o.model,
                      .ranks = o.ep.ranks,
                      .mode = o.ep.exchange_mode(),
@@ -252,6 +265,14 @@ void run_bench(const BenchOptions& o) {
   const std::vector<int64_t> token_counts = parse_token_list(o.tokens, "--tokens", 1 << 16);
   if (o.repeats < 1) throw std::invalid_argument("--repeats: expected >= 1");
   TuningTable tuning = read_tuning_file(o.model.tuning);  // a bad file fails before the measurements
+  Isa read_loop = read_isa();
+  if (!o.read_isa.empty()) {
+    const std::optional<Isa> named = parse_isa(o.read_isa);
+    if (!named || *named == Isa::kAvx512Bf16)
+      throw std::invalid_argument("--read-isa: expected scalar, avx2 or avx512, got '" + o.read_isa + "'");
+    require_isa(*named, "--read-isa");
+    read_loop = *named;
+  }
   auto dev = rt::make_cpu_device({.num_workers = o.threads});
   BenchReport report;
   const Isa isa = kernel_isa(o.model.isa);
@@ -259,9 +280,9 @@ void run_bench(const BenchOptions& o) {
   // own, since memory freed just before the timed calls slows them on this VM (see settle()). Before the
   // weights exist; then the peak RSS starts again, so the one reported below is the layer's own (weights,
   // workspaces, the eviction buffer), without a probe's unmapped 1 GiB.
-  DeviceTimer timer(o.evict_mib, dev->num_workers());
+  DeviceTimer timer(o.evict_mib, dev->num_workers(), read_loop);
   report.sweep_measures = timer.measures_bandwidth();
-  report.machine = measure_machine(dev->num_workers(), timer.sweep_data(), timer.sweep_bytes());
+  report.machine = measure_machine(dev->num_workers(), timer.sweep_data(), timer.sweep_bytes(), read_loop);
   report.machine.isa = std::string(isa_name(isa));  // the report names the kernels' ISA
   reset_peak_rss();
   LoadedModel m = load_model(o.model);
@@ -376,6 +397,10 @@ void run_bench(const BenchOptions& o) {
     }
     if (isatty(STDERR_FILENO)) std::fprintf(stderr, "  %lld tokens done\n", static_cast<long long>(t));
   }
+  // Against the best the memory delivered in the run: the start probe or any sweep that measured.
+  report.best_read_gbps = std::max(report.machine.read_gbps, timer.best_sweep_gbps());
+  for (BenchResult& b : report.results)
+    b.best_fraction = report.best_read_gbps > 0 ? b.gbps / report.best_read_gbps : 0;
   report.peak_rss_bytes = peak_rss_bytes();
   // All the outputs or none: a failure writing one removes those written before it.
   OutputBatch outputs;
@@ -391,6 +416,12 @@ void run_bench(const BenchOptions& o) {
 void add_bench_command(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* cmd = app.add_subcommand("bench", "latency of each schedule over token counts, against the roofline");
+  cmd->footer(
+      "Fractions of the read bandwidth: of_bw is each call's GB/s over the timed sweep just before it (the bandwidth "
+      "of the moment, read_now), of_best the GB/s over the best read of the whole run (the start probe and every "
+      "sweep). of_bw can read near 100% in a moment when the whole machine is slow; of_best cannot be raised by a "
+      "slow moment. Both use the read loop the machine line names (--read-isa; default the widest this CPU has: a "
+      "narrower loop reads slower than memory delivers and raises both). See docs/benchmarking.md.");
   add_model_options(cmd, o->model);
   add_isa_option(cmd, o->model);
   add_tuning_option(cmd, o->model);
@@ -404,8 +435,14 @@ void add_bench_command(CLI::App& app) {
                   "slows the calls of the next few seconds")
       ->check(CLI::Range(0, 600000))
       ->capture_default_str();
-  cmd->add_option("--evict-mib", o->evict_mib, "cache-evicting sweep before every call, MiB (0: off)")
+  cmd->add_option("--evict-mib", o->evict_mib,
+                  "cache-evicting sweep before every call, MiB (0: off); from 128 MiB it is timed, and of_bw is each "
+                  "call's GB/s over its sweep's (the bandwidth of the moment), of_best GB/s over the best probe or "
+                  "sweep of the run")
       ->capture_default_str();
+  cmd->add_option("--read-isa", o->read_isa,
+                  "read loop of the bandwidth probe and the sweeps: scalar, avx2 or avx512 (default: the widest this "
+                  "CPU has; a narrower loop can read slower than memory delivers and overstate of_bw)");
   cmd->add_flag("--graph", o->graph, "also time each schedule as a captured graph, replayed (host overhead saved)");
   cmd->add_flag("--no-policy", o->no_policy, "run exactly the requested schedules (ignore the token threshold etc.)");
   cmd->add_option("--json", o->json, "write the results as JSON");

@@ -44,18 +44,20 @@ nlohmann::json read_cache() {
 
 nlohmann::json MachineFigures::to_json() const {
   return {{"cpu", cpu},           {"threads", threads},         {"read_gbps", read_gbps},
-          {"fp32_fma_gflops", fp32_gflops}, {"bf16_dot_gflops", bf16_gflops}, {"isa", isa},
-          {"cached", cached}};
+          {"read_isa", read_isa}, {"fp32_fma_gflops", fp32_gflops}, {"bf16_dot_gflops", bf16_gflops},
+          {"isa", isa},           {"cached", cached}};
 }
 
-MachineFigures measure_machine(int threads, const void* probe_buffer, size_t probe_bytes) {
+MachineFigures measure_machine(int threads, const void* probe_buffer, size_t probe_bytes, Isa read_loop) {
   MachineFigures m;
   m.cpu = cpu_model();
   m.threads = threads;
-  m.read_gbps = measure_dram_read_gbps(threads, probe_buffer, probe_bytes);
+  m.read_gbps = measure_dram_read_gbps(threads, probe_buffer, probe_bytes, read_loop);
+  m.read_isa = std::string(isa_name(read_loop));
   m.fp32_gflops = measure_peak_gflops(threads, PeakKind::kF32Fma);
   m.bf16_gflops = measure_peak_gflops(threads, PeakKind::kBf16Dot);
   m.isa = std::string(isa_name(best_isa()));  // the caller names the ISA its kernels run, if another
+  if (read_loop != read_isa()) return m;  // the cache keeps the widest loop's figures only
   try {  // the cache is a convenience: failing to write it is not an error
     nlohmann::json cache = read_cache();
     cache[cache_key(m.cpu, threads)] = m.to_json();
@@ -70,11 +72,13 @@ MachineFigures cached_machine(int threads) {
   const std::string cpu = cpu_model();
   const nlohmann::json cache = read_cache();
   const auto it = cache.find(cache_key(cpu, threads));
-  if (it != cache.end() && it->is_object() && it->value("read_gbps", 0.0) > 0) {
+  const std::string loop(isa_name(read_isa()));
+  if (it != cache.end() && it->is_object() && it->value("read_gbps", 0.0) > 0 && it->value("read_isa", "") == loop) {
     MachineFigures m;
     m.cpu = cpu;
     m.threads = threads;
     m.read_gbps = it->value("read_gbps", 0.0);
+    m.read_isa = loop;
     m.fp32_gflops = it->value("fp32_fma_gflops", 0.0);
     m.bf16_gflops = it->value("bf16_dot_gflops", 0.0);
     m.isa = std::string(isa_name(best_isa()));

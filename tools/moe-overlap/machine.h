@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/linear.h"
+#include "kernels/roofline.h"
 
 namespace moe::tools {
 
@@ -16,6 +17,7 @@ struct MachineFigures {
   std::string cpu;          // model name from /proc/cpuinfo
   int threads = 0;
   double read_gbps = 0;     // sustained read bandwidth over 1 GiB (or a given buffer), `threads` readers
+  std::string read_isa;     // the ISA of the read loop that measured it (kernels/roofline.h)
   double fp32_gflops = 0;   // fp32 FMA peak
   double bf16_gflops = 0;   // bf16 dot-product peak (0 without avx512_bf16)
   std::string isa;          // the kernels' active instruction set
@@ -35,9 +37,12 @@ std::string cpu_model();
 
 // Measures now (takes about a second) and updates the cache. The read bandwidth is measured over
 // `probe_buffer` when it is resident and large enough to read from DRAM (measure_dram_read_gbps), so that
-// nothing is unmapped just before a benchmark times its calls; else over a fresh 1 GiB mapping.
-MachineFigures measure_machine(int threads, const void* probe_buffer = nullptr, size_t probe_bytes = 0);
-// The cached figures for this CPU and thread count, or measure_machine().
+// nothing is unmapped just before a benchmark times its calls; else over a fresh 1 GiB mapping. The read
+// loop runs on `read_loop` (supported by this CPU; default the widest, read_isa()).
+MachineFigures measure_machine(int threads, const void* probe_buffer = nullptr, size_t probe_bytes = 0,
+                               Isa read_loop = read_isa());
+// The cached figures for this CPU and thread count, or measure_machine(); figures a narrower read loop
+// measured (or a cache that does not name its loop) are measured again.
 MachineFigures cached_machine(int threads);
 
 }  // namespace moe::tools
