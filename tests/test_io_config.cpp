@@ -32,6 +32,9 @@ void expect_same(const MoeConfig& a, const MoeConfig& b, const std::string& what
   EXPECT_EQ(a.mlp_only_layers, b.mlp_only_layers) << what;
   EXPECT_EQ(a.mlp_layer_types, b.mlp_layer_types) << what;
   EXPECT_EQ(a.fp8, b.fp8) << what;
+  EXPECT_EQ(a.int4, b.int4) << what;
+  EXPECT_EQ(a.int4_group_size, b.int4_group_size) << what;
+  EXPECT_EQ(a.int4_shared, b.int4_shared) << what;
 }
 
 // Trimmed from the published config.json files (attention and vocabulary fields kept where they show that
@@ -144,8 +147,11 @@ TEST(HfConfig, BadConfigsNameFieldAndFile) {
   rejects(R"({"model_type": "deepseek_v3", "routed_scaling_factor": "2.5"})", {"'routed_scaling_factor'", "number"});
   rejects(R"({"model_type": "deepseek_v3", "routed_scaling_factor": 1e300})", {"'routed_scaling_factor'", "range"});
   rejects(R"({"model_type": "deepseek_v3", "n_shared_experts": 4611686018427387904})", {"'n_shared_experts'"});
+  rejects(R"({"model_type": "deepseek_v3", "quantization_config": {"quant_method": "awq"}})",
+          {"'quantization_config.quant_method'", "awq", "compressed-tensors"});
+  // compressed-tensors is read for pack-quantized int4 only (test_io_int4.cpp has the rest).
   rejects(R"({"model_type": "deepseek_v3", "quantization_config": {"quant_method": "compressed-tensors"}})",
-          {"'quantization_config.quant_method'", "compressed-tensors"});
+          {"'quantization_config.format'", "pack-quantized"});
   rejects(R"({"model_type": "deepseek_v3", "quantization_config": {"quant_method": "fp8", "fmt": "e5m2",
               "weight_block_size": [128, 128]}})", {"'quantization_config.fmt'"});
   rejects(R"({"model_type": "deepseek_v3", "quantization_config": {"quant_method": "fp8",

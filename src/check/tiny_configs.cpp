@@ -40,4 +40,27 @@ std::vector<TinyConfig> tiny_configs(int size) {
   return v;
 }
 
+MoeConfig with_int4(MoeConfig c, int64_t group_size, bool shared_int4) {
+  c.fp8 = false;
+  c.int4 = true;
+  c.int4_group_size = group_size;
+  c.int4_shared = shared_int4;
+  return c;
+}
+
+std::vector<TinyConfig> tiny_int4_configs() {
+  std::vector<TinyConfig> v;
+  for (const TinyConfig& t : tiny_configs(2)) {
+    MoeConfig c = t.config;
+    if (t.name == "deepseek_v3") c.shared_intermediate = c.moe_intermediate;  // n_shared_experts = 1
+    if (t.name == "qwen3_next" || t.name == "deepseek_v3") v.push_back({t.name + "_int4", with_int4(c)});
+  }
+  for (const TinyConfig& t : tiny_configs(4)) {
+    MoeConfig c = t.config;
+    c.shared_intermediate = c.moe_intermediate;
+    if (t.name == "kimi_k2") v.push_back({"kimi_k2_int4_shared", with_int4(c, 32, true)});
+  }
+  return v;
+}
+
 }  // namespace moe

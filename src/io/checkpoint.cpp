@@ -14,7 +14,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 class Loader {
  public:
-  Loader(TensorStore& store, LayerWeights& w) : store_(store), w_(w) {}
+  Loader(TensorStore& store, LayerWeights& w, bool int4) : store_(store), w_(w), int4_(int4) {}
 
   TensorStore::Found need(const std::string& name, const std::vector<int64_t>& shape) {
     auto f = store_.find(name);
@@ -55,6 +55,11 @@ class Loader {
   }
 
   WeightView matrix(const std::string& name, int64_t rows, int64_t cols, bool allow_fp8 = true) {
+    const std::string module = name.substr(0, name.size() - std::strlen(".weight"));
+    if (!store_.contains(name) && store_.contains(module + ".weight_packed"))
+      throw IoError("tensor '" + name + "' (expected shape " + shape_to_string({rows, cols}) + ") not found in '" +
+                    store_.source() + "': '" + module + "' is stored as int4 (weight_packed), but config.json's "
+                    "quantization_config " + (int4_ ? "lists it in ignore (bf16)" : "does not quantize it to int4"));
     auto f = need(name, {rows, cols});
     WeightView v;
     v.dtype = weight_dtype(f, allow_fp8);
@@ -62,6 +67,47 @@ class Loader {
     v.cols = cols;
     v.data = aligned(f, dtype_size(v.dtype));
     if (v.dtype == DType::kF8E4M3) v.scale_inv = scales(name + "_scale_inv", rows, cols);
+    return v;
+  }
+
+  // compressed-tensors pack-quantized int4: <module>.weight_packed I32 [rows, cols / 8],
+  // <module>.weight_scale BF16 [rows, cols / group], <module>.weight_shape I32/I64 [2] = [rows, cols]. Used as
+  // mapped (aligned for their element types), never unpacked.
+  WeightView int4_matrix(const std::string& module, int64_t rows, int64_t cols, int64_t group) {
+    const std::string packed = module + ".weight_packed";
+    if (!store_.contains(packed) && store_.contains(module + ".weight"))
+      throw IoError("tensor '" + packed + "' (expected I32 " + shape_to_string({rows, cols / kInt4PerWord}) +
+                    ") not found in '" + store_.source() + "': '" + module + ".weight' is stored unquantized, but "
+                    "config.json's quantization_config quantizes '" + module + "' to int4 (it is not in ignore)");
+    auto shape = need(module + ".weight_shape", {2});
+    int64_t dims[2] = {0, 0};
+    if (shape.info->dtype == StDType::kI64) {
+      std::memcpy(dims, shape.data, sizeof dims);
+    } else if (shape.info->dtype == StDType::kI32) {
+      int32_t d32[2];
+      std::memcpy(d32, shape.data, sizeof d32);
+      dims[0] = d32[0];
+      dims[1] = d32[1];
+    } else {
+      fail(shape, "has dtype " + std::string(st_dtype_name(shape.info->dtype)) + ", expected I32 or I64");
+    }
+    if (dims[0] != rows || dims[1] != cols)
+      fail(shape, "holds " + shape_to_string({dims[0], dims[1]}) + ", expected " + shape_to_string({rows, cols}) +
+                      " (the config's [out, in] of this projection)");
+    auto p = need(packed, {rows, cols / kInt4PerWord});
+    if (p.info->dtype != StDType::kI32)
+      fail(p, "has dtype " + std::string(st_dtype_name(p.info->dtype)) + ", expected I32 (eight int4 per word)");
+    auto sc = need(module + ".weight_scale", {rows, cols / group});
+    if (sc.info->dtype != StDType::kBF16)
+      fail(sc, "has dtype " + std::string(st_dtype_name(sc.info->dtype)) + ", expected BF16 group scales (group_size " +
+                   std::to_string(group) + ")");
+    WeightView v;
+    v.dtype = DType::kInt4;
+    v.rows = rows;
+    v.cols = cols;
+    v.data = aligned(p, 4);
+    v.group_scale = static_cast<const uint16_t*>(aligned(sc, 2));
+    v.group_size = group;
     return v;
   }
 
@@ -115,6 +161,7 @@ class Loader {
  private:
   TensorStore& store_;
   LayerWeights& w_;
+  bool int4_;
   std::set<const SafetensorsFile*> kept_;
 };
 
@@ -151,24 +198,30 @@ LayerWeights load_layer(ModelDir& dir, int64_t layer, int64_t num_local_experts,
   const int64_t h = c.hidden, i = c.moe_intermediate;
   LayerWeights w;
   w.first_expert = first_expert;
-  Loader ld(dir.tensors(), w);
+  Loader ld(dir.tensors(), w, c.int4);
   w.router = ld.matrix(p + "gate.weight", c.num_experts, h, /*allow_fp8=*/false);
   if (c.correction_bias) w.correction_bias = ld.bias(p + "gate.e_score_correction_bias", c.num_experts);
+  // One SwiGLU's three projections, int4 or as stored.
+  const auto expert = [&](const std::string& x, int64_t inter, bool int4) -> ExpertWeights {
+    if (int4)
+      return {ld.int4_matrix(x + "gate_proj", inter, h, c.int4_group_size),
+              ld.int4_matrix(x + "up_proj", inter, h, c.int4_group_size),
+              ld.int4_matrix(x + "down_proj", h, inter, c.int4_group_size)};
+    return {ld.matrix(x + "gate_proj.weight", inter, h), ld.matrix(x + "up_proj.weight", inter, h),
+            ld.matrix(x + "down_proj.weight", h, inter)};
+  };
   if (dir.tensors().contains(p + "experts.gate_up_proj")) {
+    if (c.int4)
+      throw IoError("tensor '" + p + "experts.gate_up_proj' in '" + dir.tensors().source() + "': the fused expert "
+                    "layout is read for bf16/f32 only, but config.json quantizes the routed experts to int4");
     ld.fused_experts(p, c, first_expert, n_local);
   } else {
-    for (int64_t e = first_expert; e < first_expert + n_local; ++e) {
-      const std::string x = p + "experts." + std::to_string(e) + ".";
-      w.experts.push_back({ld.matrix(x + "gate_proj.weight", i, h), ld.matrix(x + "up_proj.weight", i, h),
-                           ld.matrix(x + "down_proj.weight", h, i)});
-    }
+    for (int64_t e = first_expert; e < first_expert + n_local; ++e)
+      w.experts.push_back(expert(p + "experts." + std::to_string(e) + ".", i, c.int4));
   }
   if (c.has_shared_expert()) {
     const bool qwen = c.model_type.rfind("qwen", 0) == 0;
-    const std::string s = p + (qwen ? "shared_expert." : "shared_experts.");
-    const int64_t is = c.shared_intermediate;
-    w.shared = {ld.matrix(s + "gate_proj.weight", is, h), ld.matrix(s + "up_proj.weight", is, h),
-                ld.matrix(s + "down_proj.weight", h, is)};
+    w.shared = expert(p + (qwen ? "shared_expert." : "shared_experts."), c.shared_intermediate, c.int4 && c.int4_shared);
   }
   if (c.shared_expert_gate) w.shared_gate = ld.matrix(p + "shared_expert_gate.weight", 1, h, /*allow_fp8=*/false);
   w.validate(c);

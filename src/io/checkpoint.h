@@ -8,6 +8,9 @@
 //     (transformers v5 fused layout; per-expert views into the one tensor),
 //   shared_expert.* (Qwen) or shared_experts.* (DeepSeek family), shared_expert_gate.weight [1, H] (Qwen).
 // Weights may be F32, BF16 or F8_E4M3; fp8 needs *.weight_scale_inv F32 [ceil(out/128), ceil(in/128)].
+// With an int4 quantization_config (compressed-tensors pack-quantized) each quantized projection <m> is
+//   <m>.weight_packed I32 [out, in/8], <m>.weight_scale BF16 [out, in/group], <m>.weight_shape I32/I64 [2]
+// (the routed experts; the shared expert too unless ignored), mapped as stored.
 //
 //   ModelDir dir("/models/Qwen3-Next-80B-A3B");
 //   LayerWeights w = load_layer(dir, 0);     // dir.config() from config.json

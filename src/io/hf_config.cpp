@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <regex>
 #include <sstream>
 
 #include "io/json_util.h"
@@ -122,14 +123,152 @@ class Fields {
   std::string prefix_;
 };
 
+// The compressed-tensors ignore list: exact module names, and "re:" patterns matched from the start of the
+// name (Python's re.match, as compressed-tensors does).
+class IgnoreList {
+ public:
+  IgnoreList(const Fields& f, const std::vector<std::string>& entries) {
+    for (const std::string& e : entries) {
+      if (e.rfind("re:", 0) != 0) {
+        exact_.push_back(e);
+        continue;
+      }
+      try {
+        patterns_.push_back({e, std::regex(e.substr(3), std::regex::ECMAScript | std::regex::optimize)});
+      } catch (const std::regex_error& err) {
+        f.bad("ignore", "entry '" + e + "' is not a valid regular expression: " + err.what());
+      }
+    }
+  }
+  // The entry that covers `module`, or nullptr.
+  const std::string* match(const std::string& module) const {
+    for (const std::string& e : exact_)
+      if (e == module) return &e;
+    for (const auto& [entry, re] : patterns_)
+      if (std::regex_search(module, re, std::regex_constants::match_continuous)) return &entry;
+    return nullptr;
+  }
+
+ private:
+  std::vector<std::string> exact_;
+  std::vector<std::pair<std::string, std::regex>> patterns_;
+};
+
+std::string module_prefix(int64_t layer) { return "model.layers." + std::to_string(layer) + ".mlp."; }
+const char* const kProjections[] = {"gate_proj", "up_proj", "down_proj"};
+
+// Which modules of every MoE layer the ignore list keeps in bf16: Qwen's router and shared-expert gate must
+// be (they are nn.Linear modules, which the "Linear" target would quantize); the DeepSeek-style routers
+// (DeepSeek, Kimi, GLM: a gate module holding a bare weight, not a Linear) are never targeted, so they need
+// no entry, as Kimi-K2-Thinking's list has none. No routed expert may be listed; the shared expert's three
+// projections are all int4 or all bf16, the same in every layer.
+void check_ignore(const Fields& qf, const IgnoreList& ignore, MoeConfig& c) {
+  bool first = true;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (!c.is_moe_layer(l)) continue;
+    const std::string p = module_prefix(l);
+    const auto must_ignore = [&](const std::string& m, const char* what) {
+      if (ignore.match(m) == nullptr)
+        qf.bad("ignore", "does not list '" + m + "': " + what + " must stay bf16 (int4 runs the experts only); add it, "
+               "or a pattern such as \"re:.*mlp\\\\.gate$\"");
+    };
+    if (is_qwen(c.model_type)) must_ignore(p + "gate", "the router");
+    if (c.shared_expert_gate) must_ignore(p + "shared_expert_gate", "the shared-expert gate");
+    for (int64_t e = 0; e < c.num_experts; ++e)
+      for (const char* proj : kProjections) {
+        const std::string m = p + "experts." + std::to_string(e) + "." + proj;
+        if (const std::string* hit = ignore.match(m))
+          qf.bad("ignore", "entry '" + *hit + "' leaves routed expert '" + m + "' unquantized: every routed expert "
+                 "must be int4 (a layer runs one expert dtype)");
+      }
+    if (!c.has_shared_expert()) continue;
+    const std::string s = p + (is_qwen(c.model_type) ? "shared_expert." : "shared_experts.");
+    int ignored = 0;
+    std::string kept, quantized;
+    for (const char* proj : kProjections) {
+      if (ignore.match(s + proj)) {
+        ++ignored;
+        kept = s + proj;
+      } else {
+        quantized = s + proj;
+      }
+    }
+    if (ignored != 0 && ignored != 3)
+      qf.bad("ignore", "lists '" + kept + "' but not '" + quantized + "': the shared expert's projections must be all "
+             "int4 or all bf16");
+    const bool shared_int4 = ignored == 0;
+    if (!first && shared_int4 != c.int4_shared)
+      qf.bad("ignore", "keeps '" + s + "*' " + (shared_int4 ? "int4" : "bf16") + " but the shared experts of earlier "
+             "MoE layers " + (shared_int4 ? "bf16" : "int4") + ": every layer must use one dtype for them");
+    c.int4_shared = shared_int4;
+    first = false;
+  }
+}
+
+// compressed-tensors pack-quantized int4: one config group of symmetric group-wise int4 weights on Linear
+// modules, fp32 activations (no activation quantisation).
+void parse_compressed_tensors(const Fields& qf, const json& q, MoeConfig& c, const std::string& source) {
+  const std::string format = qf.string("format", "");
+  if (format != "pack-quantized")
+    qf.bad("format", "'" + format + "' is not supported (only pack-quantized: int4 packed eight to an int32)");
+  const json* groups = qf.get("config_groups");
+  if (groups == nullptr || !groups->is_object() || groups->size() != 1)
+    qf.bad("config_groups", "must be an object with exactly one group, got " +
+                                (groups == nullptr ? std::string("none") : groups->dump()));
+  const std::string gname = groups->begin().key();
+  const json& group = groups->begin().value();
+  if (!group.is_object()) qf.bad("config_groups." + gname, "must be an object, got " + json_type_name(group));
+  const Fields gf(group, source, "quantization_config.config_groups." + gname + ".");
+  const std::vector<std::string> targets = gf.string_list("targets");
+  if (targets != std::vector<std::string>{"Linear"})
+    gf.bad("targets", "must be [\"Linear\"] (modules chosen by the ignore list), got " +
+                          (gf.get("targets") ? gf.get("targets")->dump() : std::string("none")));
+  for (const char* act : {"input_activations", "output_activations"})
+    if (gf.get(act) != nullptr)
+      gf.bad(act, "must be null: quantised (static or dynamic) activations are not supported, they stay fp32; got " +
+                      gf.get(act)->dump());
+  const std::string group_format = gf.string("format", format);
+  if (group_format != "pack-quantized") gf.bad("format", "'" + group_format + "' is not supported (only pack-quantized)");
+  const json* weights = gf.get("weights");
+  if (weights == nullptr || !weights->is_object()) gf.bad("weights", "must be an object");
+  const Fields wf(*weights, source, "quantization_config.config_groups." + gname + ".weights.");
+  const int64_t bits = wf.integer("num_bits", -1);
+  if (bits != 4) wf.bad("num_bits", "must be 4 (int4), got " + std::to_string(bits));
+  const std::string type = wf.string("type", "int");
+  if (type != "int") wf.bad("type", "must be 'int', got '" + type + "'");
+  if (!wf.boolean("symmetric", true))
+    wf.bad("symmetric", "must be true: asymmetric int4 (a zero point per group) is not supported");
+  const std::string strategy = wf.string("strategy", "");
+  if (strategy != "group") wf.bad("strategy", "must be 'group' (one scale per group of input columns), got '" + strategy + "'");
+  if (wf.boolean("dynamic", false)) wf.bad("dynamic", "must be false: dynamic quantisation is not supported");
+  if (wf.get("actorder") != nullptr)
+    wf.bad("actorder", "must be null (columns in order; no weight_g_idx), got " + wf.get("actorder")->dump());
+  c.int4_group_size = wf.integer("group_size", -1);
+  if (c.int4_group_size < 32 || (c.int4_group_size & (c.int4_group_size - 1)) != 0)
+    wf.bad("group_size", "must be a power of two >= 32, got " + std::to_string(c.int4_group_size));
+  for (const auto& [row, name] : {std::pair{c.hidden, "hidden_size"}, std::pair{c.moe_intermediate, "moe_intermediate_size"}})
+    if (row % c.int4_group_size != 0)
+      wf.bad("group_size", std::to_string(c.int4_group_size) + " does not divide the rows of the experts (" + name +
+                               " " + std::to_string(row) + ")");
+  c.int4 = true;
+  try {
+    c.validate();  // the layer fields (is_moe_layer reads them) before walking the modules
+  } catch (const ConfigError& e) {
+    throw ConfigError(source + ": " + e.what());
+  }
+  check_ignore(qf, IgnoreList(qf, qf.string_list("ignore")), c);
+}
+
 void parse_quantization(const Fields& f, MoeConfig& c, const std::string& source) {
   const json* q = f.get("quantization_config");
   if (q == nullptr) return;
   if (!q->is_object()) f.bad("quantization_config", "must be an object, got " + json_type_name(*q));
   Fields qf(*q, source, "quantization_config.");
   const std::string method = qf.string("quant_method", "");
+  if (method == "compressed-tensors") return parse_compressed_tensors(qf, *q, c, source);
   if (method != "fp8")
-    qf.bad("quant_method", "'" + method + "' is not supported (only fp8 e4m3 with 128x128 weight blocks)");
+    qf.bad("quant_method", "'" + method + "' is not supported (fp8 e4m3 with 128x128 weight blocks, or "
+                           "compressed-tensors pack-quantized int4)");
   const std::string fmt = qf.string("fmt", "e4m3");
   if (fmt != "e4m3") qf.bad("fmt", "'" + fmt + "' is not supported (only e4m3)");
   const std::vector<int64_t> block = qf.int_list("weight_block_size");
@@ -286,6 +425,43 @@ void put_deepseek(const MoeConfig& c, nlohmann::ordered_json& j) {
   if (!c.mlp_layer_types.empty()) j["mlp_layer_types"] = c.mlp_layer_types;
 }
 
+// Kimi-K2-Thinking's quantization_config: one group of int4 weights on every Linear, and an ignore list of
+// what stays bf16 (attention, the shared expert unless int4_shared, and Qwen's Linear routers by name).
+nlohmann::ordered_json int4_quantization_config(const MoeConfig& c) {
+  nlohmann::ordered_json weights;
+  weights["actorder"] = nullptr;
+  weights["block_structure"] = nullptr;
+  weights["dynamic"] = false;
+  weights["group_size"] = c.int4_group_size;
+  weights["num_bits"] = 4;
+  weights["observer"] = "minmax";
+  weights["observer_kwargs"] = nlohmann::ordered_json::object();
+  weights["strategy"] = "group";
+  weights["symmetric"] = true;
+  weights["type"] = "int";
+  nlohmann::ordered_json group;
+  group["input_activations"] = nullptr;
+  group["output_activations"] = nullptr;
+  group["targets"] = nlohmann::ordered_json::array({"Linear"});
+  group["weights"] = weights;
+  nlohmann::ordered_json ignore = nlohmann::ordered_json::array({"lm_head", "re:.*self_attn.*"});
+  const bool qwen = is_qwen(c.model_type);
+  if (c.has_shared_expert() && !c.int4_shared)
+    ignore.push_back(qwen ? "re:.*mlp\\.shared_expert\\..*" : "re:.*mlp\\.shared_experts\\..*");
+  if (c.shared_expert_gate) ignore.push_back("re:.*mlp\\.shared_expert_gate$");
+  if (qwen)  // a Linear router; DeepSeek-style routers are not Linear modules and need no entry
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      if (c.is_moe_layer(l)) ignore.push_back(module_prefix(l) + "gate");
+  nlohmann::ordered_json q;
+  q["config_groups"] = {{"group_0", group}};
+  q["format"] = "pack-quantized";
+  q["ignore"] = ignore;
+  q["kv_cache_scheme"] = nullptr;
+  q["quant_method"] = "compressed-tensors";
+  q["quantization_status"] = "compressed";
+  return q;
+}
+
 }  // namespace
 
 std::string hf_config_json(const MoeConfig& c) {
@@ -303,7 +479,9 @@ std::string hf_config_json(const MoeConfig& c) {
   } else {
     put_deepseek(c, j);
   }
-  if (c.fp8) {
+  if (c.int4) {
+    j["quantization_config"] = int4_quantization_config(c);
+  } else if (c.fp8) {
     j["quantization_config"] = {{"activation_scheme", "dynamic"},
                                 {"fmt", "e4m3"},
                                 {"quant_method", "fp8"},

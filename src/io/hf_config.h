@@ -7,7 +7,10 @@
 //     n_shared_experts (Is = n_shared_experts * moe_intermediate_size), scoring_func, topk_method, n_group,
 //     topk_group, routed_scaling_factor, first_k_dense_replace, moe_layer_freq; glm_moe_dsa also mlp_layer_types.
 //   All: hidden_size, moe_intermediate_size, num_experts_per_tok, norm_topk_prob, num_hidden_layers,
-//     quantization_config {quant_method "fp8", fmt "e4m3", weight_block_size [128, 128]}.
+//     quantization_config {quant_method "fp8", fmt "e4m3", weight_block_size [128, 128]}, or compressed-tensors
+//     {quant_method "compressed-tensors", format "pack-quantized", config_groups: one group of symmetric int4
+//     weights with strategy "group", targets ["Linear"], no activation quantisation; ignore: the bf16 modules}
+//     (int4 routed experts; docs/model-families.md lists what is checked).
 // An absent (or null) field takes transformers' default for that model_type. A field of the wrong JSON type,
 // an unknown model_type or an unsupported value throws ConfigError naming the field and the file.
 #pragma once

@@ -31,8 +31,21 @@ StDType st_of(DType t) {
   return t == DType::kF32 ? StDType::kF32 : t == DType::kBF16 ? StDType::kBF16 : StDType::kF8E4M3;
 }
 
+// "<module>.weight" -> "<module>" (int4 tensors are named after the module).
+std::string module_of(const std::string& weight_name) {
+  return weight_name.substr(0, weight_name.size() - std::strlen(".weight"));
+}
+
 // The tensors of one layer in file order (the order the generator produces them).
-void plan_matrix(std::vector<TensorSpec>& out, const std::string& name, DType t, int64_t rows, int64_t cols) {
+void plan_matrix(std::vector<TensorSpec>& out, const std::string& name, DType t, int64_t rows, int64_t cols,
+                 int64_t group = 0) {
+  if (t == DType::kInt4) {  // compressed-tensors pack-quantized, in the order its compressor writes them
+    const std::string m = module_of(name);
+    out.push_back({m + ".weight_packed", StDType::kI32, {rows, cols / kInt4PerWord}});
+    out.push_back({m + ".weight_scale", StDType::kBF16, {rows, cols / group}});
+    out.push_back({m + ".weight_shape", StDType::kI64, {2}});
+    return;
+  }
   out.push_back({name, st_of(t), {rows, cols}});
   if (t == DType::kF8E4M3) out.push_back({name + "_scale_inv", StDType::kF32, {ceil_div(rows, 128), ceil_div(cols, 128)}});
 }
@@ -40,16 +53,17 @@ void plan_matrix(std::vector<TensorSpec>& out, const std::string& name, DType t,
 std::vector<TensorSpec> plan_layer(const MoeConfig& c, const CheckpointOptions& o, int64_t layer) {
   const std::string p = layer_prefix(layer);
   const DType rt = o.dtype == DType::kF32 ? DType::kF32 : DType::kBF16;
-  const int64_t h = c.hidden, i = c.moe_intermediate, e = c.num_experts;
+  const DType st = o.dtype == DType::kInt4 && !c.int4_shared ? DType::kBF16 : o.dtype;  // the shared expert
+  const int64_t h = c.hidden, i = c.moe_intermediate, e = c.num_experts, g = c.int4_group_size;
   std::vector<TensorSpec> out;
   plan_matrix(out, p + "gate.weight", rt, e, h);
   if (c.correction_bias) out.push_back({p + "gate.e_score_correction_bias", StDType::kF32, {e}});
   if (c.shared_expert_gate) plan_matrix(out, p + "shared_expert_gate.weight", rt, 1, h);
   if (c.has_shared_expert()) {
     const std::string s = p + (c.model_type.rfind("qwen", 0) == 0 ? "shared_expert." : "shared_experts.");
-    plan_matrix(out, s + "gate_proj.weight", o.dtype, c.shared_intermediate, h);
-    plan_matrix(out, s + "up_proj.weight", o.dtype, c.shared_intermediate, h);
-    plan_matrix(out, s + "down_proj.weight", o.dtype, h, c.shared_intermediate);
+    plan_matrix(out, s + "gate_proj.weight", st, c.shared_intermediate, h, g);
+    plan_matrix(out, s + "up_proj.weight", st, c.shared_intermediate, h, g);
+    plan_matrix(out, s + "down_proj.weight", st, h, c.shared_intermediate, g);
   }
   if (o.fused_experts) {
     out.push_back({p + "experts.gate_up_proj", st_of(o.dtype), {e, 2 * i, h}});
@@ -58,9 +72,9 @@ std::vector<TensorSpec> plan_layer(const MoeConfig& c, const CheckpointOptions& 
   }
   for (int64_t x = 0; x < e; ++x) {
     const std::string n = p + "experts." + std::to_string(x) + ".";
-    plan_matrix(out, n + "gate_proj.weight", o.dtype, i, h);
-    plan_matrix(out, n + "up_proj.weight", o.dtype, i, h);
-    plan_matrix(out, n + "down_proj.weight", o.dtype, h, i);
+    plan_matrix(out, n + "gate_proj.weight", o.dtype, i, h, g);
+    plan_matrix(out, n + "up_proj.weight", o.dtype, i, h, g);
+    plan_matrix(out, n + "down_proj.weight", o.dtype, h, i, g);
   }
   return out;
 }
@@ -250,6 +264,14 @@ class ShardedSink {
     writer_->write(name, data, bytes);
   }
   void matrix(const std::string& name, const WeightView& v) {
+    if (v.dtype == DType::kInt4) {
+      const std::string m = module_of(name);
+      const int64_t shape[2] = {v.rows, v.cols};
+      write(m + ".weight_packed", v.data, static_cast<uint64_t>(v.rows * v.cols / 2));
+      write(m + ".weight_scale", v.group_scale, static_cast<uint64_t>(v.rows * (v.cols / v.group_size)) * 2);
+      write(m + ".weight_shape", shape, sizeof shape);
+      return;
+    }
     write(name, v.data, static_cast<uint64_t>(v.rows * v.cols) * dtype_size(v.dtype));
     if (v.dtype == DType::kF8E4M3)
       write(name + "_scale_inv", v.scale_inv, static_cast<uint64_t>(ceil_div(v.rows, 128) * ceil_div(v.cols, 128)) * 4);
@@ -281,7 +303,7 @@ class ShardedSink {
 
 void write_layer(ShardedSink& sink, const MoeConfig& c, const CheckpointOptions& o, int64_t layer) {
   const std::string p = layer_prefix(layer);
-  const int64_t expert_bytes = 3 * c.hidden * c.moe_intermediate * static_cast<int64_t>(dtype_size(o.dtype));
+  const int64_t expert_bytes = std::max<int64_t>(1, c.layer_weight_bytes_of(1, o.dtype) - c.layer_weight_bytes_of(0, o.dtype));
   const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(o.chunk_bytes) / expert_bytes);
   // Fused: gate_up_proj precedes down_proj in the file, so the experts are generated twice (pass 1, 2).
   const int passes = o.fused_experts ? 2 : 1;
@@ -330,9 +352,12 @@ void write_layer(ShardedSink& sink, const MoeConfig& c, const CheckpointOptions&
 void write_checkpoint(const std::string& dir, const MoeConfig& config, const CheckpointOptions& o) {
   MoeConfig c = config;
   c.fp8 = o.dtype == DType::kF8E4M3;
+  c.int4 = o.dtype == DType::kInt4;
+  if (!c.int4) c.int4_shared = false;
   c.validate();
-  if (o.fused_experts && c.fp8)
-    throw ConfigError("make-checkpoint: the fused expert layout is written for bf16/f32 only, not fp8");
+  if (o.fused_experts && (c.fp8 || c.int4))
+    throw ConfigError(std::string("make-checkpoint: the fused expert layout is written for bf16/f32 only, not ") +
+                      (c.fp8 ? "fp8" : "int4"));
   std::vector<int64_t> layers = o.layers;
   if (layers.empty()) {
     for (int64_t l = 0; l < c.num_layers && layers.empty(); ++l)

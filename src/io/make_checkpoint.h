@@ -20,7 +20,10 @@ namespace moe {
 
 struct CheckpointOptions {
   DType dtype = DType::kBF16;  // expert and shared weights; kF8E4M3 writes weight_scale_inv and a
-                               // quantization_config; the router is F32 if dtype is F32, else BF16
+                               // quantization_config; kInt4 writes compressed-tensors pack-quantized routed
+                               // experts (groups of config.int4_group_size; the shared expert too if
+                               // config.int4_shared, else bf16) and Kimi-K2-Thinking's quantization_config;
+                               // the router is F32 if dtype is F32, else BF16
   uint64_t seed = 0;
   std::vector<int64_t> layers;  // MoE layers to write; empty: the first MoE layer
   uint64_t shard_bytes = uint64_t{4} << 30;  // a shard is closed before it would pass this (one bigger tensor

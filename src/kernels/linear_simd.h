@@ -442,6 +442,7 @@ void linear_any(const float* x, int64_t M, int64_t ldx, const WeightView& w, int
     case DType::kF32: linear_rows<V, DType::kF32>(x, M, ldx, w, n0, n1, y, ldy); break;
     case DType::kBF16: linear_rows<V, DType::kBF16>(x, M, ldx, w, n0, n1, y, ldy); break;
     case DType::kF8E4M3: linear_rows<V, DType::kF8E4M3>(x, M, ldx, w, n0, n1, y, ldy); break;
+    case DType::kInt4: break;  // linear_int4_*.cpp (linear.cpp dispatches int4 before reaching here)
   }
 }
 

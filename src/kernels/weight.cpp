@@ -9,6 +9,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 int64_t WeightView::bytes() const {
+  if (dtype == DType::kInt4) return rows * (cols / 2) + (group_size > 0 ? rows * (cols / group_size) * 2 : 0);
   int64_t n = rows * cols * static_cast<int64_t>(dtype_size(dtype));
   if (dtype == DType::kF8E4M3) n += ceil_div(rows, 128) * ceil_div(cols, 128) * 4;
   return n;
@@ -17,8 +18,13 @@ int64_t WeightView::bytes() const {
 WeightView WeightView::row_slice(int64_t r0, int64_t r1) const {
   assert(layout == WeightLayout::kRowMajor && 0 <= r0 && r0 <= r1 && r1 <= rows);
   WeightView v = *this;
-  v.data = static_cast<const char*>(data) + r0 * cols * static_cast<int64_t>(dtype_size(dtype));
   v.rows = r1 - r0;
+  if (dtype == DType::kInt4) {
+    v.data = static_cast<const char*>(data) + r0 * (cols / 2);
+    v.group_scale = group_scale + r0 * (cols / group_size);
+    return v;
+  }
+  v.data = static_cast<const char*>(data) + r0 * cols * static_cast<int64_t>(dtype_size(dtype));
   if (dtype == DType::kF8E4M3) {
     assert(r0 % 128 == 0);
     v.scale_inv = scale_inv + (r0 / 128) * ceil_div(cols, 128);
@@ -34,6 +40,11 @@ float weight_at(const WeightView& w, int64_t r, int64_t c) {
     case DType::kF8E4M3:
       return fp8e4m3_to_f32(static_cast<const uint8_t*>(w.data)[i]) *
              w.scale_inv[(r / 128) * ceil_div(w.cols, 128) + c / 128];
+    case DType::kInt4: {
+      const uint32_t word = static_cast<const uint32_t*>(w.data)[(r * w.cols + c) / kInt4PerWord];
+      const float scale = bf16_to_f32(w.group_scale[r * (w.cols / w.group_size) + c / w.group_size]);
+      return static_cast<float>(int4_field(word, static_cast<int>(c % kInt4PerWord))) * scale;
+    }
   }
   return 0.0f;
 }

@@ -21,11 +21,16 @@ struct WeightView {
   int64_t cols = 0;  // in features
   // fp8 only: [ceil(rows / 128), ceil(cols / 128)] row-major, W = fp8 * scale_inv of the block.
   const float* scale_inv = nullptr;
+  // int4 only (dtype.h): data holds [rows, cols / 8] int32 words, group_scale [rows, cols / group_size] bf16,
+  // W[r, c] = field * group_scale[r, c / group_size]; cols is a multiple of group_size, itself of 8.
+  const uint16_t* group_scale = nullptr;
+  int64_t group_size = 0;
 
   bool empty() const { return data == nullptr; }
-  // Bytes of weight data (and scales) a full read of this matrix touches.
+  // Bytes of weight data (and scales) a full read of this matrix touches (int4: the scales only when
+  // group_size is set).
   int64_t bytes() const;
-  // Rows [r0, r1) as a view of its own (row-major only; fp8 needs r0 % 128 == 0).
+  // Rows [r0, r1) as a view of its own (row-major only; fp8 needs r0 % 128 == 0; int4 takes any r0).
   WeightView row_slice(int64_t r0, int64_t r1) const;
 };
 

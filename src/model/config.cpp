@@ -82,6 +82,23 @@ void MoeConfig::validate() const {
                                std::to_string(num_layers));
   for (const auto& t : mlp_layer_types)
     if (t != "sparse" && t != "dense") bad("mlp_layer_types", "entries must be 'sparse' or 'dense', got '" + t + "'");
+  if (int4) {
+    const std::string g = "quantization_config.config_groups.weights.group_size";
+    if (fp8) bad("quantization_config", "fp8 blocks and int4 groups at once");
+    if (int4_group_size < 32 || (int4_group_size & (int4_group_size - 1)) != 0)
+      bad(g, "must be a power of two >= 32 (whole int32 words per group, whole groups per SIMD block), got " +
+                 std::to_string(int4_group_size));
+    if (hidden % int4_group_size != 0)
+      bad(g, std::to_string(int4_group_size) + " does not divide the rows of the down projection (hidden_size " +
+                 std::to_string(hidden) + ")");
+    if (moe_intermediate % int4_group_size != 0)
+      bad(g, std::to_string(int4_group_size) + " does not divide the rows of the gate and up projections "
+                 "(moe_intermediate_size " + std::to_string(moe_intermediate) + ")");
+    if (int4_shared && !has_shared_expert()) bad("quantization_config", "int4 shared expert without a shared expert");
+    if (int4_shared && shared_intermediate % int4_group_size != 0)
+      bad(g, std::to_string(int4_group_size) + " does not divide the shared expert's width " +
+                 std::to_string(shared_intermediate) + " (list it in quantization_config.ignore to keep it bf16)");
+  }
   if (fp8 && (block_rows != 128 || block_cols != 128))
     bad("quantization_config.weight_block_size", "only [128, 128] is supported, got [" +
                                                      std::to_string(block_rows) + ", " + std::to_string(block_cols) + "]");
@@ -90,6 +107,16 @@ void MoeConfig::validate() const {
 int64_t MoeConfig::layer_weight_bytes(int64_t num_local_experts, int64_t weight_dtype_size) const {
   const int64_t expert = 3 * hidden * moe_intermediate * weight_dtype_size;
   const int64_t shared = 3 * hidden * shared_intermediate * weight_dtype_size;
+  const int64_t router = num_experts * hidden * 2 + (shared_expert_gate ? hidden * 2 : 0);
+  return num_local_experts * expert + shared + router;
+}
+
+int64_t MoeConfig::layer_weight_bytes_of(int64_t num_local_experts, DType dtype) const {
+  if (dtype != DType::kInt4) return layer_weight_bytes(num_local_experts, static_cast<int64_t>(dtype_size(dtype)));
+  const auto int4_matrix = [&](int64_t rows, int64_t cols) { return rows * cols / 2 + rows * (cols / int4_group_size) * 2; };
+  const int64_t expert = 2 * int4_matrix(moe_intermediate, hidden) + int4_matrix(hidden, moe_intermediate);
+  const int64_t shared = int4_shared ? 2 * int4_matrix(shared_intermediate, hidden) + int4_matrix(hidden, shared_intermediate)
+                                     : 3 * hidden * shared_intermediate * 2;
   const int64_t router = num_experts * hidden * 2 + (shared_expert_gate ? hidden * 2 : 0);
   return num_local_experts * expert + shared + router;
 }

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/dtype.h"
+
 namespace moe {
 
 // Raised for an invalid configuration; what() names the field and what was expected.
@@ -51,12 +53,23 @@ struct MoeConfig {
   int64_t block_rows = 128;
   int64_t block_cols = 128;
 
+  // int4 routed experts in the compressed-tensors pack-quantized format (quantization_config.config_groups,
+  // Kimi-K2-Thinking's): symmetric, one bf16 scale per int4_group_size input columns (a power of two >= 32
+  // dividing H and I). The router and Qwen's shared-expert gate stay bf16 (listed in quantization_config.ignore);
+  // the shared expert is int4 too when int4_shared (not ignored), else bf16.
+  bool int4 = false;
+  int64_t int4_group_size = 32;
+  bool int4_shared = false;
+
   bool has_shared_expert() const { return shared_intermediate > 0; }
   bool is_moe_layer(int64_t layer) const;
   // Throws ConfigError naming the first bad field (k > experts, experts not divisible by n_group, ...).
   void validate() const;
   // Bytes of the whole layer's weights (all experts) and of what one decode token touches, for a dtype size.
   int64_t layer_weight_bytes(int64_t num_local_experts, int64_t weight_dtype_size) const;
+  // The same for the dtype of the expert weights, int4 included (packed words and group scales; a bf16 shared
+  // expert where int4_shared is false).
+  int64_t layer_weight_bytes_of(int64_t num_local_experts, DType dtype) const;
 };
 
 // The family's routing/shared-expert rules for a model_type (sizes left at zero). Throws ConfigError for an

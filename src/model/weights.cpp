@@ -18,12 +18,32 @@ void check_view(const WeightView& w, const std::string& name, int64_t rows, int6
                       "], expected [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
   if (w.dtype == DType::kF8E4M3 && w.scale_inv == nullptr)
     throw ConfigError("weight '" + name + "' is fp8 but has no weight_scale_inv");
+  if (w.dtype == DType::kInt4 && (w.group_scale == nullptr || w.group_size <= 0 || w.cols % w.group_size != 0))
+    throw ConfigError("weight '" + name + "' is int4 but has no weight_scale of whole groups (group size " +
+                      std::to_string(w.group_size) + ", " + std::to_string(w.cols) + " columns)");
 }
 
-void check_expert(const ExpertWeights& e, const std::string& name, int64_t h, int64_t i) {
+// The dtype rule of int4 configs: routed experts int4 with the config's group size, the shared expert int4
+// exactly when int4_shared; no int4 elsewhere and none without config.int4.
+void check_int4(const WeightView& w, const std::string& name, const MoeConfig& c, bool want_int4) {
+  if ((w.dtype == DType::kInt4) != want_int4)
+    throw ConfigError("weight '" + name + "' is " + std::string(dtype_name(w.dtype)) + ", expected " +
+                      (want_int4 ? "int4 (quantization_config quantizes it)"
+                       : c.int4  ? "bf16 or f32 (quantization_config ignores it)"
+                                 : "no int4 (the config has no int4 quantization_config)"));
+  if (want_int4 && w.group_size != c.int4_group_size)
+    throw ConfigError("weight '" + name + "' has int4 groups of " + std::to_string(w.group_size) +
+                      " columns, the config's group_size is " + std::to_string(c.int4_group_size));
+}
+
+void check_expert(const ExpertWeights& e, const std::string& name, int64_t h, int64_t i, const MoeConfig& c,
+                  bool int4) {
   check_view(e.gate, name + ".gate_proj", i, h);
   check_view(e.up, name + ".up_proj", i, h);
   check_view(e.down, name + ".down_proj", h, i);
+  check_int4(e.gate, name + ".gate_proj", c, int4);
+  check_int4(e.up, name + ".up_proj", c, int4);
+  check_int4(e.down, name + ".down_proj", c, int4);
 }
 
 // splitmix64: a stateless, seekable generator, so every tensor's values depend only on (seed, tensor id).
@@ -45,6 +65,37 @@ struct Filler {
   uint64_t seed;
   float scale_override;
   std::vector<std::any>& storage;
+  int64_t group_size = 0;  // int4
+
+  // Random int4 codes (any of the 16) and random bf16 group scales around scale / 4.5, so that the weights
+  // have about the magnitude of the other dtypes' (the codes' standard deviation is 4.6).
+  WeightView make_int4(int64_t rows, int64_t cols, float scale, uint64_t ts) {
+    WeightView w;
+    w.dtype = DType::kInt4;
+    w.rows = rows;
+    w.cols = cols;
+    w.group_size = group_size;
+    const int64_t words = rows * cols / kInt4PerWord, groups = rows * (cols / group_size);
+    auto buf = std::make_shared<HostBuffer>(static_cast<size_t>(words) * 4);
+    auto sbuf = std::make_shared<HostBuffer>(static_cast<size_t>(groups) * 2);
+    for (int64_t g = 0; g < groups; ++g)
+      sbuf->as<uint16_t>()[g] = f32_to_bf16(scale / 4.5f * (1.0f + 0.5f * uniform(ts ^ 0x5ca1e, static_cast<uint64_t>(g))));
+    auto fill = [&, buf](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) buf->as<uint32_t>()[i] = static_cast<uint32_t>(mix(ts ^ mix(static_cast<uint64_t>(i))));
+    };
+    if (words >= (int64_t{1} << 21)) {
+      std::thread t(fill, 0, words / 2);
+      fill(words / 2, words);
+      t.join();
+    } else {
+      fill(0, words);
+    }
+    w.data = buf->data();
+    w.group_scale = sbuf->as<uint16_t>();
+    storage.emplace_back(buf);
+    storage.emplace_back(sbuf);
+    return w;
+  }
 
   WeightView make(DType dtype, int64_t rows, int64_t cols, uint64_t tensor_id) {
     WeightView w;
@@ -53,6 +104,7 @@ struct Filler {
     w.cols = cols;
     const float scale = scale_override > 0 ? scale_override : 1.0f / std::sqrt(static_cast<float>(cols));
     const uint64_t ts = mix(seed * 0x100000001b3ull + tensor_id);
+    if (dtype == DType::kInt4) return make_int4(rows, cols, scale, ts);
     const int64_t n = rows * cols;
     auto buf = std::make_shared<HostBuffer>(static_cast<size_t>(n) * dtype_size(dtype));
     float* scales = nullptr;
@@ -76,6 +128,8 @@ struct Filler {
             buf->as<uint8_t>()[i] = f32_to_fp8e4m3(v * 224.0f);
             break;
           }
+          case DType::kInt4: break;  // make_int4
+
         }
       }
     };
@@ -97,7 +151,8 @@ struct Filler {
 void LayerWeights::validate(const MoeConfig& c) const {
   const int64_t h = c.hidden;
   check_view(router, "mlp.gate.weight", c.num_experts, h);
-  if (router.dtype == DType::kF8E4M3) throw ConfigError("weight 'mlp.gate.weight' must be f32 or bf16, not fp8");
+  if (router.dtype == DType::kF8E4M3 || router.dtype == DType::kInt4)
+    throw ConfigError("weight 'mlp.gate.weight' must be f32 or bf16, not " + std::string(dtype_name(router.dtype)));
   if (c.correction_bias && correction_bias == nullptr)
     throw ConfigError("weight 'mlp.gate.e_score_correction_bias' is missing (model_type " + c.model_type + ")");
   if (first_expert < 0 || first_expert + num_local_experts() > c.num_experts)
@@ -109,15 +164,23 @@ void LayerWeights::validate(const MoeConfig& c) const {
                       std::to_string(c.num_experts));
   for (int64_t e = 0; e < num_local_experts(); ++e)
     check_expert(experts[static_cast<size_t>(e)], "mlp.experts." + std::to_string(first_expert + e), h,
-                 c.moe_intermediate);
-  if (c.has_shared_expert()) check_expert(shared, "mlp.shared_expert", h, c.shared_intermediate);
-  if (c.shared_expert_gate) check_view(shared_gate, "mlp.shared_expert_gate.weight", 1, h);
+                 c.moe_intermediate, c, c.int4);
+  if (c.has_shared_expert()) check_expert(shared, "mlp.shared_expert", h, c.shared_intermediate, c, c.int4 && c.int4_shared);
+  if (c.shared_expert_gate) {
+    check_view(shared_gate, "mlp.shared_expert_gate.weight", 1, h);
+    check_int4(shared_gate, "mlp.shared_expert_gate.weight", c, false);
+  }
+  check_int4(router, "mlp.gate.weight", c, false);
 }
 
 LayerWeights make_random_weights(const MoeConfig& c, const RandomWeightOptions& o) {
   c.validate();
+  if ((o.dtype == DType::kInt4) != c.int4)
+    throw ConfigError(o.dtype == DType::kInt4 ? "int4 weights need an int4 config (quantization_config: config.int4)"
+                                              : "an int4 config (quantization_config) needs int4 weights, got " +
+                                                    std::string(dtype_name(o.dtype)));
   LayerWeights w;
-  Filler f{o.seed, o.scale, w.storage};
+  Filler f{o.seed, o.scale, w.storage, c.int4_group_size};
   const DType router_dtype = o.dtype == DType::kF32 ? DType::kF32 : DType::kBF16;
   // Router rows scaled up so that routing is decisive, as in a trained router.
   Filler fr{o.seed, o.scale > 0 ? o.scale : 4.0f / std::sqrt(static_cast<float>(c.hidden)), w.storage};
@@ -143,7 +206,8 @@ LayerWeights make_random_weights(const MoeConfig& c, const RandomWeightOptions& 
   }
   if (c.has_shared_expert()) {
     const int64_t s = c.shared_intermediate;
-    w.shared = {f.make(o.dtype, s, h, 2), f.make(o.dtype, s, h, 3), f.make(o.dtype, h, s, 4)};
+    const DType st = o.dtype == DType::kInt4 && !c.int4_shared ? DType::kBF16 : o.dtype;
+    w.shared = {f.make(st, s, h, 2), f.make(st, s, h, 3), f.make(st, h, s, 4)};
   }
   if (c.shared_expert_gate) w.shared_gate = fr.make(router_dtype, 1, h, 5);
   return w;

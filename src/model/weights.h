@@ -19,7 +19,7 @@ struct ExpertWeights {
 };
 
 struct LayerWeights {
-  WeightView router;                      // [E, H], f32 or bf16 (never fp8); logits computed in fp32
+  WeightView router;                      // [E, H], f32 or bf16 (never fp8 or int4); logits computed in fp32
   const float* correction_bias = nullptr;  // [E] f32, noaux_tc only
   // Experts [first_expert, first_expert + num_local_experts) of E. In one process first_expert is 0, and with
   // fewer than E (--experts N) routing still runs over all E experts and tokens routed elsewhere contribute
@@ -38,7 +38,8 @@ struct LayerWeights {
 };
 
 struct RandomWeightOptions {
-  DType dtype = DType::kBF16;       // expert and shared weights; the router is bf16 unless dtype is f32
+  DType dtype = DType::kBF16;       // expert and shared weights; the router is bf16 unless dtype is f32;
+                                    // int4 (needs config.int4): the shared expert bf16 unless int4_shared
   uint64_t seed = 0;
   int64_t num_local_experts = -1;   // -1: all experts
   // Experts [first_expert, first_expert + num_local_experts) (-1: to the last); each expert's values depend
@@ -46,7 +47,8 @@ struct RandomWeightOptions {
   int64_t first_expert = 0;
   float scale = 0.0f;               // 0: 1/sqrt(fan_in), like a trained layer's magnitude
 };
-// Seeded random weights with the layer's real shapes (fp8: random codes with random per-block scales).
+// Seeded random weights with the layer's real shapes (fp8: random codes with random per-block scales; int4:
+// random codes with random bf16 group scales).
 LayerWeights make_random_weights(const MoeConfig& config, const RandomWeightOptions& options);
 
 }  // namespace moe

@@ -30,7 +30,7 @@ void run_info(const InfoOptions& o) {
   if (std::filesystem::is_directory(o.model.model)) {
     c = load_hf_config(o.model.model);
     label = "checkpoint " + o.model.model;
-    dtype = c.fp8 ? DType::kF8E4M3 : DType::kBF16;
+    dtype = c.int4 ? DType::kInt4 : c.fp8 ? DType::kF8E4M3 : DType::kBF16;
   } else {
     const Preset& p = find_preset(o.model.model);
     c = p.config;
@@ -38,7 +38,6 @@ void run_info(const InfoOptions& o) {
     dtype = preset_dtype(o.model.dtype, c);
   }
   const int64_t local = o.model.experts < 0 ? c.num_experts : std::min(o.model.experts, c.num_experts);
-  const int64_t es = static_cast<int64_t>(dtype_size(dtype));
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
   std::printf("%s\n", label.c_str());
   std::printf("  model_type            %s (%s scoring, %s top-k)\n", c.model_type.c_str(),
@@ -64,7 +63,7 @@ void run_info(const InfoOptions& o) {
   const double gib = 1024.0 * 1024.0 * 1024.0, mib = 1024.0 * 1024.0;
   std::printf("  weights dtype         %s\n", std::string(dtype_name(dtype)).c_str());
   std::printf("  layer weights         %.2f GiB (%lld of %lld experts)\n",
-              static_cast<double>(c.layer_weight_bytes(local, es)) / gib, static_cast<long long>(local),
+              static_cast<double>(c.layer_weight_bytes_of(local, dtype)) / gib, static_cast<long long>(local),
               static_cast<long long>(c.num_experts));
   const ForwardCost d = decode_token_cost(c, dtype);
   std::printf("  touched per decode    %.1f MiB, %.1f MFLOP (arithmetic intensity %.2f flop/byte)\n",

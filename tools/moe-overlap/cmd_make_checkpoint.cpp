@@ -23,6 +23,8 @@ struct MakeOptions {
   std::vector<int64_t> layers;
   double shard_mib = 4096;
   bool fused = false;
+  int64_t group_size = 32;
+  bool int4_shared = false;
 };
 
 void run_make(const MakeOptions& o) {
@@ -42,8 +44,13 @@ void run_make(const MakeOptions& o) {
   if (o.experts) c.num_experts = o.experts;
   if (o.top_k) c.top_k = o.top_k;
   if (c.n_group > 1 && c.num_experts % c.n_group != 0) c.n_group = c.topk_group = 1;
-  const DType dtype = preset_dtype(o.dtype, c);
+  const DType dtype = o.dtype == "int4" ? DType::kInt4 : preset_dtype(o.dtype, c);
   c.fp8 = dtype == DType::kF8E4M3;
+  c.int4 = dtype == DType::kInt4;
+  c.int4_group_size = o.group_size;
+  c.int4_shared = c.int4 && o.int4_shared;
+  if (!c.int4 && (o.group_size != 32 || o.int4_shared))
+    throw std::invalid_argument("--group-size and --int4-shared apply to --dtype int4 only");
   c.validate();
   CheckpointOptions co;
   co.dtype = dtype;
@@ -67,8 +74,12 @@ void add_make_checkpoint_command(CLI::App& app) {
                                      "write a valid model directory (config.json + safetensors) with random weights");
   cmd->add_option("--preset", o->preset, "family and sizes to start from")->capture_default_str();
   cmd->add_option("--out", o->out, "output directory")->required();
-  cmd->add_option("--dtype", o->dtype, "bf16, f32 or fp8 (default: the preset's)")
-      ->check(CLI::IsMember({"auto", "bf16", "f32", "fp8"}));
+  cmd->add_option("--dtype", o->dtype,
+                  "bf16, f32, fp8 or int4 (compressed-tensors pack-quantized routed experts; default: the preset's)")
+      ->check(CLI::IsMember({"auto", "bf16", "f32", "fp8", "int4"}));
+  cmd->add_option("--group-size", o->group_size, "int4: input columns per bf16 scale (a power of two >= 32)")
+      ->capture_default_str();
+  cmd->add_flag("--int4-shared", o->int4_shared, "int4: quantize the shared expert too (default: bf16, in ignore)");
   cmd->add_option("--seed", o->seed, "seed (the same seed gives the preset's weights)")->capture_default_str();
   cmd->add_option("--hidden", o->hidden, "override hidden_size");
   cmd->add_option("--intermediate", o->intermediate, "override moe_intermediate_size");

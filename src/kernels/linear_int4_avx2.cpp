@@ -1,0 +1,167 @@
+// AVX2 + FMA linear kernel for int4 group-quantised weights (compressed-tensors pack-quantized, dtype.h): 8
+// fp32 lanes, weights decoded in registers from the packed words. Compiled with its own target flags
+// (src/kernels/CMakeLists.txt) and only called after a run-time CPU check (linear.cpp).
+//
+// The scheme of linear_int4_avx512.cpp on 64-column blocks: a 32-byte load holds the 8 words of a block,
+// word l holding columns 8l .. 8l+7; vector i = 0..7 of a block is field i of every word, so lane l is column
+// 8l + i, and x is transposed into that order once per call (xt[b][i][l] = x[64b + 8l + i], zero past K).
+// Lane l's group scale is the same for the 8 vectors of a block (groups of g >= 32 columns cover whole
+// words). Decoding: the loaded words XOR 0x88888888 once per block turn every field f into the 4-bit two's
+// complement of f - 8; per vector, a left shift puts field i in the top 4 bits, an arithmetic right shift by
+// 28 sign-extends it, vcvtdq2ps converts it exactly (3 instructions per 8 weights, 2 for i = 7; AVX2 has no
+// 16-entry vpermps). Each lane sums x * value over the block (part), then part * scale into the accumulator.
+//
+// Determinism contract: lane l of the accumulator of y[m, n] adds, block by block ascending, part * scale with
+// part = x * value over i = 0..7 (fp32 FMA; lanes past K add +-0), then a fixed 8-lane tree; blocking over
+// rows and tokens changes only how many accumulators are live.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/dtype.h"
+#include "kernels/linear_isa.h"
+
+namespace moe::detail {
+
+namespace {
+
+constexpr int64_t kBlockCols = 64;  // 8 words
+constexpr int64_t kXtFloats = 32 * 1024;
+constexpr int kSubTokens = 2;  // 16 registers: 2 tokens per pass
+
+struct Int4Rows {
+  const uint32_t* words = nullptr;
+  const uint16_t* scales = nullptr;
+  int64_t words_per_row = 0, scales_per_row = 0, blocks = 0, group = 0;
+};
+
+inline float scale_at(const uint16_t* row_scales, int64_t i, int64_t n) { return i < n ? bf16_to_f32(row_scales[i]) : 0.0f; }
+
+// Lane l = the scale of column 64b + 8l; zero past K.
+inline __m256 scale_vector(const Int4Rows& w, const uint16_t* row_scales, int64_t b) {
+  if (w.group == 32) {
+    const __m128 lo = _mm_set1_ps(scale_at(row_scales, 2 * b, w.scales_per_row));
+    const __m128 hi = _mm_set1_ps(scale_at(row_scales, 2 * b + 1, w.scales_per_row));
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+  }
+  return _mm256_set1_ps(bf16_to_f32(row_scales[b * kBlockCols / w.group]));  // K % 64 == 0: no partial block
+}
+
+inline float hsum8(__m256 v) {
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  b = _mm_add_ss(b, _mm_movehdup_ps(b));
+  return _mm_cvtss_f32(b);
+}
+
+inline __m256i word_mask(int64_t left) {
+  alignas(32) static constexpr int32_t kOnes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kOnes + 8 - left));
+}
+
+template <int R, int T>
+void micro(const float* xt, int64_t ldxt, const Int4Rows& w, int64_t n, int64_t rows_end, float* y, int64_t ldy,
+           bool prefetch) {
+  const __m256i flip = _mm256_set1_epi32(static_cast<int>(0x88888888u));
+  const char* next = reinterpret_cast<const char*>(w.words + (n + R) * w.words_per_row);
+  const char* end = reinterpret_cast<const char*>(w.words + rows_end * w.words_per_row);
+  __m256 acc[R][T];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < w.blocks; ++b) {
+    const int64_t left = std::min<int64_t>(8, w.words_per_row - b * 8);
+    __m256i wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const int* p = reinterpret_cast<const int*>(w.words + (n + r) * w.words_per_row + b * 8);
+      const __m256i words =
+          left == 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskload_epi32(p, word_mask(left));
+      wv[r] = _mm256_xor_si256(words, flip);  // every field f becomes the 4-bit two's complement of f - 8
+    }
+    if (prefetch && (b & 1) == 0)  // one line per row every other block: the rate the rows are read
+      for (int r = 0; r < R; ++r) {
+        const char* p = next + (b / 2 * R + r) * 64;
+        if (p < end) _mm_prefetch(p, _MM_HINT_T0);
+      }
+    const float* xb = xt + b * kBlockCols;
+    __m256 part[R][T];  // this block's sum of x * value per lane, before the lane's group scale
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      __m256 xv[T];
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(xb + t * ldxt + i * 8);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        // Field i to the top 4 bits, then an arithmetic shift back: the signed value, exactly.
+        const __m256i top = i == 7 ? wv[r] : _mm256_slli_epi32(wv[r], 28 - 4 * i);
+        const __m256 v = _mm256_cvtepi32_ps(_mm256_srai_epi32(top, 28));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) part[r][t] = i == 0 ? _mm256_mul_ps(xv[t], v) : _mm256_fmadd_ps(xv[t], v, part[r][t]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 sv = scale_vector(w, w.scales + (n + r) * w.scales_per_row, b);
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(part[r][t], sv, acc[r][t]);
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) y[t * ldy + r] = hsum8(acc[r][t]);
+}
+
+void transpose_x(const float* x, int64_t T, int64_t ldx, int64_t K, float* xt, int64_t ldxt) {
+  for (int64_t t = 0; t < T; ++t) {
+    float* dst = xt + t * ldxt;
+    std::memset(dst, 0, static_cast<size_t>(ldxt) * sizeof(float));
+    const float* src = x + t * ldx;
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t b = k / kBlockCols, l = (k % kBlockCols) / 8, i = k % 8;
+      dst[b * kBlockCols + i * 8 + l] = src[k];
+    }
+  }
+}
+
+template <int R>
+void rows_pass(const float* xt, int64_t T, int64_t ldxt, const Int4Rows& w, int64_t n, int64_t n1, float* y,
+               int64_t ldy) {
+  for (int64_t t = 0; t < T; t += kSubTokens) {
+    const bool pf = t == 0;
+    if (T - t == 1) micro<R, 1>(xt + t * ldxt, ldxt, w, n, n1, y + t * ldy, ldy, pf);
+    else micro<R, 2>(xt + t * ldxt, ldxt, w, n, n1, y + t * ldy, ldy, pf);
+  }
+}
+
+}  // namespace
+
+void linear_int4_avx2(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                      int64_t ldy) {
+  const int64_t K = w.cols, blocks = (K + kBlockCols - 1) / kBlockCols, ldxt = blocks * kBlockCols;
+  if (ldxt > kXtFloats) return linear_scalar(x, M, ldx, w, n0, n1, y, ldy);
+  Int4Rows rows;
+  rows.words = static_cast<const uint32_t*>(w.data);
+  rows.scales = w.group_scale;
+  rows.words_per_row = K / 8;
+  rows.scales_per_row = K / w.group_size;
+  rows.blocks = blocks;
+  rows.group = w.group_size;
+  alignas(32) float xt[kXtFloats];
+  const int64_t macro = std::max<int64_t>(1, kXtFloats / ldxt);
+  for (int64_t m0 = 0; m0 < M; m0 += macro) {
+    const int64_t T = std::min(macro, M - m0);
+    transpose_x(x + m0 * ldx, T, ldx, K, xt, ldxt);
+    float* ym = y + m0 * ldy;
+    // 1 token: 3 rows (3 accumulators, 3 block sums, 3 words of 16 registers); more: 2 rows x 2 tokens.
+    int64_t n = n0;
+    if (T == 1)
+      for (; n + 3 <= n1; n += 3) rows_pass<3>(xt, T, ldxt, rows, n, n1, ym + (n - n0), ldy);
+    for (; n + 2 <= n1; n += 2) rows_pass<2>(xt, T, ldxt, rows, n, n1, ym + (n - n0), ldy);
+    for (; n < n1; ++n) rows_pass<1>(xt, T, ldxt, rows, n, n1, ym + (n - n0), ldy);
+  }
+}
+
+}  // namespace moe::detail

@@ -1,0 +1,230 @@
+// The int4 (compressed-tensors pack-quantized) kernels: the scalar definition (weight_at) on hand-packed
+// words, every compiled ISA against an fp64 dot product of those values, the exact decoding of every column
+// position (one-hot x), the determinism contract, gate_up_silu == linear + linear + silu_mul bitwise, and
+// bytes() / row_slice().
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/dtype.h"
+#include "kernels/linear.h"
+#include "kernels/weight.h"
+
+namespace moe {
+namespace {
+
+struct Int4Weight {
+  std::vector<uint32_t> words;
+  std::vector<uint16_t> scales;
+  WeightView view;
+};
+
+// Random codes (all 16) and random bf16 scales of both signs, some tiny (bf16 subnormals) and some large.
+Int4Weight make_int4(int64_t rows, int64_t cols, int64_t group, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Int4Weight t;
+  t.words.resize(static_cast<size_t>(rows * cols / 8));
+  for (auto& w : t.words) w = static_cast<uint32_t>(rng());
+  std::uniform_real_distribution<float> us(1e-3f, 1e-1f);
+  t.scales.resize(static_cast<size_t>(rows * (cols / group)));
+  for (size_t i = 0; i < t.scales.size(); ++i) {
+    float s = us(rng) * (i % 3 == 1 ? -1.0f : 1.0f);
+    if (i % 17 == 5) s = 3e-40f;  // subnormal in bf16 and fp32
+    if (i % 23 == 7) s = 1e30f;
+    t.scales[i] = f32_to_bf16(s);
+  }
+  t.view.dtype = DType::kInt4;
+  t.view.rows = rows;
+  t.view.cols = cols;
+  t.view.data = t.words.data();
+  t.view.group_scale = t.scales.data();
+  t.view.group_size = group;
+  return t;
+}
+
+std::vector<float> make_x(int64_t M, int64_t ldx, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(M * ldx));
+  for (auto& v : x) v = nd(rng);
+  return x;
+}
+
+class Int4Isa : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    if (!isa_supported(GetParam())) GTEST_SKIP() << isa_name(GetParam()) << " not available here";
+  }
+  Isa isa() const { return GetParam(); }
+};
+
+TEST(Int4Weights, WeightAtIsTheFieldMinusEightTimesTheGroupScale) {
+  // Row 0: words 0x76543210 and 0xfedcba98, i.e. columns 0..15 hold fields 0..15 = values -8..7.
+  std::vector<uint32_t> words = {0x76543210u, 0xfedcba98u, 0x88888888u, 0x0f0f0f0fu,
+                                 0x12345678u, 0x9abcdef0u, 0x00000000u, 0xffffffffu};
+  // 32 columns per row, groups of 32: one scale per row.
+  std::vector<uint16_t> scales = {f32_to_bf16(0.5f), f32_to_bf16(-2.0f)};
+  WeightView w{.dtype = DType::kInt4, .data = words.data(), .rows = 2, .cols = 32};
+  w.group_scale = scales.data();
+  w.group_size = 32;
+  for (int c = 0; c < 16; ++c) EXPECT_EQ(weight_at(w, 0, c), static_cast<float>(c - 8) * 0.5f) << c;
+  for (int c = 16; c < 24; ++c) EXPECT_EQ(weight_at(w, 0, c), 0.0f) << c;  // field 8 = value 0
+  EXPECT_EQ(weight_at(w, 0, 24), 7.0f * 0.5f);  // 0x0f0f0f0f: fields f, 0, f, 0, ...
+  EXPECT_EQ(weight_at(w, 0, 25), -8.0f * 0.5f);
+  EXPECT_EQ(weight_at(w, 1, 0), (8 - 8) * -2.0f);  // 0x12345678: field 0 is 8
+  EXPECT_EQ(weight_at(w, 1, 7), (1 - 8) * -2.0f);
+  EXPECT_EQ(weight_at(w, 1, 8), (0 - 8) * -2.0f);  // 0x9abcdef0
+  EXPECT_EQ(weight_at(w, 1, 31), 7.0f * -2.0f);
+  // 16 bytes of codes and 2 of scale per row.
+  EXPECT_EQ(w.bytes(), 2 * (16 + 2));
+  const WeightView r1 = w.row_slice(1, 2);
+  EXPECT_EQ(r1.rows, 1);
+  for (int c = 0; c < 32; ++c) EXPECT_EQ(weight_at(r1, 0, c), weight_at(w, 1, c)) << c;
+}
+
+TEST(Int4Weights, RowSliceKeepsEachRowsScales) {
+  const Int4Weight t = make_int4(7, 256, 64, 3);
+  for (int64_t r0 : {0, 1, 3})
+    for (int64_t r1 : {int64_t{4}, int64_t{7}}) {
+      const WeightView s = t.view.row_slice(r0, r1);
+      EXPECT_EQ(s.bytes(), (r1 - r0) * (128 + 4 * 2));
+      for (int64_t r = 0; r < s.rows; ++r)
+        for (int64_t c = 0; c < 256; c += 5) {
+          const float a = weight_at(s, r, c), b = weight_at(t.view, r0 + r, c);
+          EXPECT_EQ(std::memcmp(&a, &b, 4), 0) << r0 << " " << r << " " << c;
+        }
+    }
+}
+
+// Every int4 path is exact fp32 (never rounded to bf16), avx512bf16 included.
+TEST(Int4Weights, NoIsaRoundsXForInt4) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) EXPECT_FALSE(rounds_x_to_bf16(isa, DType::kInt4));
+}
+
+// y vs an fp64 dot product of weight_at's values, with the fp32-summation bound of test_kernels.cpp; columns
+// outside [n0, n1) untouched.
+void check_against_reference(Isa isa, int64_t M, int64_t N, int64_t K, int64_t group, int64_t n0, int64_t n1) {
+  SCOPED_TRACE(::testing::Message() << isa_name(isa) << " M=" << M << " N=" << N << " K=" << K << " group=" << group
+                                    << " range=[" << n0 << "," << n1 << ")");
+  Int4Weight w = make_int4(N, K, group, static_cast<uint32_t>(M * 131 + N * 7 + K + group));
+  for (auto& s : w.scales)  // no huge scales here: the bound below is relative to sum |x w|
+    if (std::fabs(bf16_to_f32(s)) > 1.0f) s = f32_to_bf16(0.25f);
+  const int64_t ldx = K + 3, ldy = N + 5;
+  const std::vector<float> x = make_x(M, ldx, static_cast<uint32_t>(K));
+  constexpr float kSentinel = -12345.0f;
+  std::vector<float> y(static_cast<size_t>(M * ldy), kSentinel);
+  linear(isa, x.data(), M, ldx, w.view, n0, n1, y.data(), ldy);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < ldy; ++n) {
+      const float got = y[m * ldy + n];
+      if (n < n0 || n >= n1) {
+        ASSERT_EQ(got, kSentinel) << "wrote outside the range at m=" << m << " n=" << n;
+        continue;
+      }
+      double ref = 0, mag = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = static_cast<double>(x[m * ldx + k]) * weight_at(w.view, n, k);
+        ref += p;
+        mag += std::fabs(p);
+      }
+      ASSERT_NEAR(got, ref, 2.0 * (K + 4) * std::numeric_limits<float>::epsilon() * mag + 1e-30) << "m=" << m << " n=" << n;
+    }
+}
+
+TEST_P(Int4Isa, MatchesTheReferenceOnEveryShapeTokenCountAndGroupSize) {
+  // K: one partial 128-column block (32, 96), whole blocks (128, 512), blocks and a tail (160, 1408 = 11 x 128,
+  // 2080), long rows (7168).
+  for (int64_t K : {32, 96, 128, 160, 512, 1408, 2080})
+    for (int64_t g : {32, 64, 128, 256})
+      if (K % g == 0) check_against_reference(isa(), 3, 13, K, g, 0, 13);
+  for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33}) {
+    check_against_reference(isa(), M, 23, 256, 32, 0, 23);
+    check_against_reference(isa(), M, 11, 2048, 32, 1, 10);
+  }
+  check_against_reference(isa(), 2, 9, 7168, 32, 0, 9);
+  check_against_reference(isa(), 1, 40, 512, 128, 7, 33);
+}
+
+// x = e_k for every column k: y[k, n] is w[n, k] alone, plus zeros, so every decoded weight of every column
+// position (all 8 fields, every block, the tail) must be weight_at()'s value exactly, subnormal, huge and
+// negative scales included.
+TEST_P(Int4Isa, DecodesEveryColumnExactly) {
+  for (int64_t K : {160, 192, 320})
+    for (int64_t g : {32, 64}) {
+      if (K % g != 0) continue;
+      const Int4Weight w = make_int4(9, K, g, static_cast<uint32_t>(K + g));
+      std::vector<float> x(static_cast<size_t>(K * K), 0.0f);
+      for (int64_t k = 0; k < K; ++k) x[static_cast<size_t>(k * K + k)] = 1.0f;
+      std::vector<float> y(static_cast<size_t>(K * 9));
+      linear(isa(), x.data(), K, K, w.view, 0, 9, y.data(), 9);
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t n = 0; n < 9; ++n)
+          ASSERT_EQ(y[static_cast<size_t>(k * 9 + n)], weight_at(w.view, n, k)) << "K=" << K << " g=" << g << " k=" << k << " n=" << n;
+    }
+}
+
+// The bits of y[m, n] depend only on x row m and W row n: any token count, range, or neighbour.
+TEST_P(Int4Isa, RowBitsDoNotDependOnBatchRangeOrNeighbours) {
+  for (int64_t K : {96, 2048}) {
+    const int64_t N = 29, M = 19;
+    const Int4Weight w = make_int4(N, K, 32, static_cast<uint32_t>(K));
+    const std::vector<float> x = make_x(M, K, 9);
+    std::vector<float> all(static_cast<size_t>(M * N));
+    linear(isa(), x.data(), M, K, w.view, 0, N, all.data(), N);
+    for (int64_t m = 0; m < M; m += 3)
+      for (int64_t mc : {int64_t{1}, int64_t{2}, int64_t{5}}) {
+        if (m + mc > M) continue;
+        for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, N}, {3, 4}, {5, 17}, {10, N}}) {
+          std::vector<float> part(static_cast<size_t>(mc * N), 0.0f);
+          linear(isa(), x.data() + m * K, mc, K, w.view, n0, n1, part.data(), N);
+          for (int64_t t = 0; t < mc; ++t)
+            for (int64_t n = n0; n < n1; ++n)
+              ASSERT_EQ(std::memcmp(&part[static_cast<size_t>(t * N + n)], &all[static_cast<size_t>((m + t) * N + n)], 4), 0)
+                  << "K=" << K << " m=" << m + t << " n=" << n << " batch " << mc << " range [" << n0 << "," << n1 << ")";
+        }
+      }
+  }
+}
+
+TEST_P(Int4Isa, GateUpSiluIsLinearLinearSiluMulBitwise) {
+  const int64_t H = 256, I = 96;
+  const Int4Weight gate = make_int4(I, H, 32, 1), up = make_int4(I, H, 32, 2);
+  for (int64_t M : {1, 4, 9, 40}) {
+    const std::vector<float> x = make_x(M, H, 4);
+    std::vector<float> g(static_cast<size_t>(M * I)), u(g.size()), want(g.size()), got(g.size());
+    linear(isa(), x.data(), M, H, gate.view, 0, I, g.data(), I);
+    linear(isa(), x.data(), M, H, up.view, 0, I, u.data(), I);
+    for (int64_t m = 0; m < M; ++m) silu_mul(isa(), g.data() + m * I, u.data() + m * I, want.data() + m * I, I);
+    gate_up_silu(isa(), x.data(), M, H, gate.view, up.view, 0, I, got.data(), I);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << "M=" << M;
+  }
+}
+
+// A NaN scale poisons its group's row on every path; an inf scale gives a non-finite row.
+TEST_P(Int4Isa, NonFiniteScalesReachTheirRowsOnly) {
+  Int4Weight w = make_int4(8, 256, 32, 5);
+  for (auto& s : w.scales) s = f32_to_bf16(0.01f);
+  w.scales[3 * 8 + 2] = 0x7fc0;  // row 3, group 2: NaN
+  w.scales[6 * 8 + 7] = 0x7f80;  // row 6, last group: +inf
+  const std::vector<float> x = make_x(2, 256, 1);
+  std::vector<float> y(16);
+  linear(isa(), x.data(), 2, 256, w.view, 0, 8, y.data(), 8);
+  for (int64_t m = 0; m < 2; ++m)
+    for (int64_t n = 0; n < 8; ++n) {
+      const float v = y[static_cast<size_t>(m * 8 + n)];
+      if (n == 3) EXPECT_TRUE(std::isnan(v)) << m;
+      else if (n == 6) EXPECT_FALSE(std::isfinite(v)) << m;
+      else EXPECT_TRUE(std::isfinite(v)) << m << " " << n;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, Int4Isa,
+                         ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16),
+                         [](const ::testing::TestParamInfo<Isa>& p) { return std::string(isa_name(p.param)); });
+
+}  // namespace
+}  // namespace moe
