@@ -10,7 +10,8 @@ it the way `moe-overlap bench` does: a new random input every repetition, median
   /usr/bin/python3 scripts/peer_transformers.py --model DIR [--layer L] [--tokens 1,8,32] [--repeats 20]
       [--threads 2] [--input x.npy --output y.npy]
 
-Uses Debian's python3-torch and python3-numpy (scripts/install-peer.sh installs them).
+Uses Debian's python3-torch and python3-numpy (scripts/install-deps.sh installs them). The Python tests
+(python/tests) import it to check moe_overlap.torch.MoeBlock against it.
 """
 import argparse
 import json
