@@ -46,7 +46,9 @@ rt::Op shared_gate_up(const Context& c, bool act) {
   const Isa isa = c.isa;
   const int64_t t = c.tokens, h = c.config->hidden, is = c.config->shared_intermediate;
   const Grid grid = token_grid(c, is);
-  const ExpertWeights w = c.weights->shared;
+  // The gate and up views, not the whole ExpertWeights: the tile must stay within SmallFunction's
+  // in-place buffer (a tile stored on the heap costs an allocation per call; test_layer_alloc).
+  const WeightView gate = c.weights->shared.gate, up = c.weights->shared.up;
   const float* x = c.x;
   const SharedBuffers b = c.shared;
   rt::Op op{.name = act ? "shared.swiglu" : "shared.gate_up", .num_tiles = grid.num_tiles()};
@@ -55,11 +57,11 @@ rt::Op shared_gate_up(const Context& c, bool act) {
     if (cell.r0 >= cell.r1) return;
     const float* xr = x + cell.r0 * h;
     if (act) {
-      gate_up_silu(isa, xr, cell.r1 - cell.r0, h, w.gate, w.up, cell.c0, cell.c1, b.h + cell.r0 * is, is);
+      gate_up_silu(isa, xr, cell.r1 - cell.r0, h, gate, up, cell.c0, cell.c1, b.h + cell.r0 * is, is);
       return;
     }
-    linear(isa, xr, cell.r1 - cell.r0, h, w.gate, cell.c0, cell.c1, b.g + cell.r0 * is, is);
-    linear(isa, xr, cell.r1 - cell.r0, h, w.up, cell.c0, cell.c1, b.u + cell.r0 * is, is);
+    linear(isa, xr, cell.r1 - cell.r0, h, gate, cell.c0, cell.c1, b.g + cell.r0 * is, is);
+    linear(isa, xr, cell.r1 - cell.r0, h, up, cell.c0, cell.c1, b.u + cell.r0 * is, is);
   };
   const size_t hidden_bytes = static_cast<size_t>(t * is) * 4;
   op.accesses = {rt::reads(x, static_cast<size_t>(t * h) * 4)};
