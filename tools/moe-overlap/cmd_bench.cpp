@@ -291,8 +291,7 @@ void run_bench(const BenchOptions& o) {
   report.huge_page_fraction = huge_page_fraction(m.weights);
   report.model = m.label + ", layer " + std::to_string(m.layer) + ", " + std::string(dtype_name(m.dtype)) + " weights";
   for (const std::string& n : m.notes) report.model += "\nnote: " + n;
-  report.layer_bytes = m.config.layer_weight_bytes(m.weights.num_local_experts(),
-                                                   static_cast<int64_t>(dtype_size(m.dtype)));
+  report.layer_bytes = m.config.layer_weight_bytes_of(m.weights.num_local_experts(), m.dtype);
   report.method = "device time (workers' timestamps around the call, host enqueue not counted), median of " +
                   std::to_string(o.repeats) + " repetitions after " + std::to_string(o.warmup) +
                   " warm-up (and " + std::to_string(o.settle_ms) + " ms of untimed calls first), a new input each "

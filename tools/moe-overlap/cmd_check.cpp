@@ -193,6 +193,10 @@ void run_check(const CheckOptions& o) {
         const LayerWeights w = make_random_weights(c, {.dtype = d, .seed = o.model.seed});
         checker.check_model(tc.name + " " + std::string(dtype_name(d)), c, w);
       }
+    for (const TinyConfig& tc : tiny_int4_configs()) {  // int4 needs widths of whole groups
+      const LayerWeights w = make_random_weights(tc.config, {.dtype = DType::kInt4, .seed = o.model.seed});
+      checker.check_model(tc.name, tc.config, w);
+    }
   } else {
     const LoadedModel m = load_model(o.model);
     for (const std::string& n : m.notes) std::printf("note: %s\n", n.c_str());

@@ -51,14 +51,18 @@ ForwardCost forward_cost(const MoeConfig& c, const LayerWeights& w, const float*
 }
 
 ForwardCost decode_token_cost(const MoeConfig& c, DType dtype) {
-  auto matrix = [&](int64_t rows, int64_t cols) {  // WeightView::bytes counts fp8 block scales too
-    return WeightView{.dtype = dtype, .rows = rows, .cols = cols}.bytes();
+  // WeightView::bytes counts fp8 block scales and int4 group scales too.
+  auto matrix = [&](DType d, int64_t rows, int64_t cols) {
+    return WeightView{.dtype = d, .rows = rows, .cols = cols, .group_size = d == DType::kInt4 ? c.int4_group_size : 0}
+        .bytes();
   };
-  const int64_t router_bytes = c.num_experts * c.hidden * (dtype == DType::kF32 ? 4 : 2);  // never fp8
-  const int64_t expert = 2 * matrix(c.moe_intermediate, c.hidden) + matrix(c.hidden, c.moe_intermediate);
-  const int64_t shared = c.has_shared_expert()
-                             ? 2 * matrix(c.shared_intermediate, c.hidden) + matrix(c.hidden, c.shared_intermediate)
-                             : 0;
+  const int64_t router_bytes = c.num_experts * c.hidden * (dtype == DType::kF32 ? 4 : 2);  // never fp8 or int4
+  // int4 quantizes the routed experts, and the shared expert only where int4_shared; otherwise it is bf16.
+  const DType shared_dtype = dtype == DType::kInt4 && !c.int4_shared ? DType::kBF16 : dtype;
+  const int64_t expert = 2 * matrix(dtype, c.moe_intermediate, c.hidden) + matrix(dtype, c.hidden, c.moe_intermediate);
+  const int64_t shared = c.has_shared_expert() ? 2 * matrix(shared_dtype, c.shared_intermediate, c.hidden) +
+                                                     matrix(shared_dtype, c.hidden, c.shared_intermediate)
+                                               : 0;
   ForwardCost cost;
   cost.active_experts = c.top_k;
   cost.weight_bytes = router_bytes + c.top_k * expert + shared + (c.shared_expert_gate ? c.hidden * 2 : 0) +

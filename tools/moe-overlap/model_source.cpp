@@ -70,8 +70,10 @@ void add_model_options(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--layer", o.layer, "decoder layer index (default: the first MoE layer)");
   cmd->add_option("--experts", o.experts,
                   "keep experts [0, N) only (one expert-parallel rank's share; routing still covers all)");
-  cmd->add_option("--dtype", o.dtype, "preset weight dtype: bf16, f32 or fp8 (default: the model's own)")
-      ->check(CLI::IsMember({"auto", "bf16", "f32", "fp8"}))
+  cmd->add_option("--dtype", o.dtype,
+                  "preset weight dtype: bf16, f32, fp8 or int4 (routed experts int4 in groups of 32, the rest bf16; "
+                  "default: the model's own)")
+      ->check(CLI::IsMember({"auto", "bf16", "f32", "fp8", "int4"}))
       ->capture_default_str();
   cmd->add_option("--seed", o.seed, "seed of the preset's random weights and of the inputs")->capture_default_str();
   cmd->add_flag("--reread", o.reread,
@@ -116,7 +118,8 @@ DType parse_dtype(const std::string& name) {
   if (name == "bf16") return DType::kBF16;
   if (name == "f32") return DType::kF32;
   if (name == "fp8") return DType::kF8E4M3;
-  throw std::invalid_argument("--dtype: expected bf16, f32 or fp8, got '" + name + "'");
+  if (name == "int4") return DType::kInt4;
+  throw std::invalid_argument("--dtype: expected bf16, f32, fp8 or int4, got '" + name + "'");
 }
 
 DType preset_dtype(const std::string& flag, const MoeConfig& config) {
@@ -199,11 +202,12 @@ LoadedModel load_model(const ModelOptions& o) {
       throw std::invalid_argument("--layer " + std::to_string(m.layer) + ": not an MoE layer of " + preset->name);
     m.dtype = preset_dtype(o.dtype, m.config);
     m.config.fp8 = m.dtype == DType::kF8E4M3;
+    m.config.int4 = m.dtype == DType::kInt4;
     const int64_t local = o.experts < 0 ? m.config.num_experts - o.first_expert : o.experts;
     if (local < 1 || o.first_expert + local > m.config.num_experts)
       throw std::invalid_argument("--experts: expected 1.." + std::to_string(m.config.num_experts) + ", got " +
                                   std::to_string(o.experts));
-    const int64_t bytes = m.config.layer_weight_bytes(local, static_cast<int64_t>(dtype_size(m.dtype)));
+    const int64_t bytes = m.config.layer_weight_bytes_of(local, m.dtype);
     if (bytes > physical_memory_bytes() / 2)
       throw std::invalid_argument(
           "the " + preset->name + " layer with " + std::to_string(local) + " experts needs " +
