@@ -149,6 +149,9 @@ INSTANTIATE_TEST_SUITE_P(
                                      o.spin_us = 0;
                                      return o;
                                    }()},
+                      // More workers than cores: workers are preempted between claiming and counting tiles.
+                      StressConfig{"sixteen_workers", fuzzed({}, 16)},
+                      StressConfig{"sixteen_workers_shuffled", fuzzed({.seed = 13, .shuffle_tiles = true}, 16)},
                       StressConfig{"shuffle_delay", fuzzed({.seed = 7, .max_delay_us = 20, .shuffle_tiles = true})},
                       StressConfig{"serialized", fuzzed({.seed = 3, .serialize_streams = true})},
                       StressConfig{"serialized_reverse",

@@ -47,7 +47,7 @@ void CpuCore::shutdown() {
   if (stop_) return;
   wait_until(lk, [this] { return all_idle(); });
   stop_ = true;
-  bump();
+  gen_.fetch_add(1, std::memory_order_release);
   work_cv_.notify_all();
   lk.unlock();
   for (auto& t : workers_) t.join();
@@ -133,7 +133,7 @@ CpuEntry& CpuCore::push_entry(CpuStream& s, CpuEntry::Kind kind) {
 void CpuCore::after_push(CpuStream& s) {
   if (s.queue.size() != 1) return;
   if (advance(s)) advance_all();
-  bump();
+  notify(false);
 }
 
 uint64_t CpuCore::enqueue_op(const std::shared_ptr<StreamImpl>& si, Op&& op) {
@@ -153,7 +153,7 @@ uint64_t CpuCore::enqueue_op(const std::shared_ptr<StreamImpl>& si, Op&& op) {
     e.trace->name = e.op.name;
     e.trace->seq = e.seq;
     e.trace->enqueue_ns = now_ns();
-    e.trace->tiles.reserve(e.op.num_tiles);
+    e.trace->tiles.assign(e.op.num_tiles, TileRecord{-1, -1, 0, 0});  // one slot per claim, -1: not run
   }
   uint64_t seq = e.seq;
   after_push(s);

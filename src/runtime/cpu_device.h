@@ -1,13 +1,34 @@
 // Internal: the CPU device. A pool of worker threads acts as a GPU's multiprocessors; every stream is an
-// in-order queue of entries (ops, event records, event waits) and the scheduler hands free workers tiles of
-// the ready head op of every stream, highest priority (lowest number) first.
+// in-order queue of entries (ops, event records, event waits, graph replays) and the scheduler hands free
+// workers the ready head op of every stream, highest priority (lowest number) first.
 //
-// Invariants (all under CpuCore::mu_):
+// Invariants under CpuCore::mu_ (the queues and everything that changes what is ready):
 //   - a stream's queue holds its entries not yet completed, in order; `completed` is the seq of the last
 //     entry popped, so an event bound to (stream, seq) is complete exactly when completed >= seq;
 //   - records, satisfied waits, empty ops and ops of a stream in the error state never stay at the head:
 //     advance() completes them as soon as they get there, so a worker only ever sees ops with work to do
-//     and unsatisfied waits, which it skips (no worker ever blocks on an event).
+//     and unsatisfied waits, which it skips (no worker ever blocks on an event);
+//   - enqueue, advance, poll phases, event waits, errors and graph node readiness all change under it.
+//
+// Tiles are claimed without the lock, as a GPU's block scheduler hands out blocks. Each op (and each graph
+// node) has two counters, accessed through std::atomic_ref: `next_tile`, the next tile index to claim
+// (fetch_add), and `tiles_done`, the tiles finished or skipped. A worker claims an op's first tile under
+// the lock (pick), then unlocks and claims the following ones with fetch_add until they run out, the
+// scheduling state changes (gen_: a higher-priority op may have become ready) or a poll falls due; it adds
+// its tiles to `tiles_done` once, and the worker whose addition reaches num_tiles takes the lock and retires
+// the op (its poll phase, or completion and advance). A worker touches the counters unlocked only while it
+// holds a tile it has not counted yet, so the op cannot be retired (nor its entry popped) under it. A
+// failing tile sets the entry's `failed` flag under the lock; a worker that sees it closes the counter
+// (exchange to num_tiles) and counts the unclaimed tiles as skipped: no more tiles of the op run.
+//
+// Memory ordering: a tile's writes are sequenced before its worker's release addition to `tiles_done`, and
+// the retiring worker's acq_rel addition reads the end of that release sequence, so it happens after every
+// tile of the op; it then completes the op under mu_, which whoever runs or waits on a successor acquires.
+// The claims are relaxed: they only need to be unique, and the op itself was published under mu_.
+//
+// Waking: a scheduling change bumps gen_ (spinning workers watch it) and wakes at most as many sleeping
+// workers as it made tiles or polls ready (one fewer when a worker made it: that worker picks next). Host
+// waiters are checked only when an entry completed, the only thing they wait for.
 #pragma once
 
 #include <atomic>
@@ -34,11 +55,14 @@ struct CpuEntry {
   // kWait: the binding captured at wait time (null stream: never recorded, a no-op).
   std::shared_ptr<StreamImpl> wait_stream;
   uint64_t wait_seq = 0;
-  // kOp progress.
+  // kOp progress. next_tile and tiles_done are the tile counters (std::atomic_ref, see the top); failed is
+  // written under the lock and read without it (std::atomic_ref) by the workers running this entry's tiles.
   int next_tile = 0;
   int tiles_done = 0;
+  bool failed = false;      // a tile or poll of this op (kGraph: of any node) failed: its tiles left are skipped
   bool started = false;
-  bool polling = false;     // a worker is inside poll() now
+  bool announced = false;   // its tiles were counted once in the wake budget
+  char polling = 0;         // a worker is inside poll() now
   bool poll_phase = false;  // tiles done, polling until poll() returns true
   int64_t next_poll_ns = 0;
   std::vector<int> tile_order;        // shuffled tile order (fuzzing only)
@@ -96,13 +120,19 @@ struct CpuStream : StreamImpl {
   uint64_t cleared_from = 0, cleared_to = 0;
 };
 
-// What a worker took from the scheduler: one tile, or one poll() call.
+// What a worker took from the scheduler: the first tile it claimed of an op or graph node (it claims the
+// next ones itself), or one poll() call. The same for an eager op and a graph node: only the counters'
+// and the trace's addresses differ.
 struct CpuWork {
   CpuStream* stream = nullptr;
   CpuEntry* entry = nullptr;
-  int tile = -1;  // -1: a poll
-  int node = -1;  // >= 0: a tile of this node of the graph entry
-  bool run = true;  // false: the stream failed meanwhile; count the tile without running it
+  int node = -1;  // >= 0: a node of the graph entry
+  const Op* op = nullptr;
+  int tile = -1;  // the claimed tile index (an index into `order` when set); -1: a poll
+  int* next = nullptr;  // the op's or node's tile counters
+  int* done = nullptr;
+  const int* order = nullptr;  // shuffled tile order (fuzzing), or null
+  OpRecord* trace = nullptr;   // tracing: its tiles slots, one per claim index
   int delay_us = 0;
 };
 
@@ -134,9 +164,14 @@ class CpuCore : public DeviceCore {
   void worker_main(int worker);
   bool pick(CpuWork& work);
   bool pick_from(CpuStream& s, CpuWork& work, int64_t now);
-  void run_work(const CpuWork& work, int worker, std::unique_lock<std::mutex>& lk);
-  void finish_tile(const CpuWork& work, int worker, int64_t t0, int64_t t1, const std::string* error);
+  void run_tiles(const CpuWork& work, int worker, std::unique_lock<std::mutex>& lk);
+  void run_poll(const CpuWork& work, std::unique_lock<std::mutex>& lk);
+  // Under the lock: the last tile was counted; a poll returned. One path for eager ops and graph nodes.
+  void tiles_finished(const CpuWork& work);
   void finish_poll(const CpuWork& work, bool done, const std::string* error);
+  void start_poll(const CpuWork& work);
+  void work_done(const CpuWork& work);  // the op or node is done: complete it, release what depends on it
+  void fail_work(const CpuWork& work, const std::string& what);
   void fail(CpuStream& s, uint64_t seq, const std::string& op_name, const std::string& what);
   // A satisfied wait at `seq` of `s` on position `wait_seq` of `from`: inherits from's error if that covers it.
   void inherit_error(CpuStream& s, uint64_t seq, const CpuStream& from, uint64_t wait_seq);
@@ -149,13 +184,15 @@ class CpuCore : public DeviceCore {
   // A node whose dependencies are done: to the ready queue (tiles), its poll phase, or done (nothing to run).
   void graph_node_ready(CpuStream& s, CpuEntry& e, int node);
   void graph_start_poll(CpuEntry& e, int node);
-  void finish_graph_tile(const CpuWork& work, int worker, int64_t t0, int64_t t1, const std::string* error);
-  void finish_graph_poll(const CpuWork& work, bool done, const std::string* error);
   void finish_graph_if_done(CpuStream& s, CpuEntry& e);
   void complete_head(CpuStream& s);
+  void pop_head(CpuStream& s);
   bool advance(CpuStream& s);
   void advance_all();
-  void bump();
+  // After a scheduling change: bumps gen_, wakes up to wake_budget_ sleeping workers (one fewer when the
+  // caller is a worker, which picks next itself) and, after a completion, the host waiters whose condition
+  // now holds.
+  void notify(bool from_worker);
   void idle(std::unique_lock<std::mutex>& lk);
   void pin_workers();
   void wait_until(std::unique_lock<std::mutex>& lk, const std::function<bool()>& done);
@@ -176,6 +213,8 @@ class CpuCore : public DeviceCore {
   std::vector<HostWaiter*> host_waiters_;
   std::atomic<uint64_t> gen_{0};     // bumped on every scheduling change; idle workers spin on it
   int num_sleepers_ = 0;
+  int wake_budget_ = 0;      // tiles and polls made ready since the last notify()
+  bool host_dirty_ = false;  // an entry completed since the last notify()
   // How often an op (or graph node) in its poll phase is polled when nothing else is ready.
   static constexpr int64_t kPollIntervalNs = 20'000;
   int num_poll_heads_ = 0;  // ops in their poll phase: sleeping workers must wake up to poll them

@@ -2,22 +2,16 @@
 // nodes of all captured streams form one DAG: a node is ready when its dependencies are done, and free
 // workers take tiles of the ready nodes in the order they became ready. A polling node, once its tiles are
 // done, is polled like an eager polling op (when no tile is ready, at the same interval) until it is done.
-// Nothing here allocates: the replay state was sized at instantiate (graph.cpp). Everything runs under
-// CpuCore::mu_.
+// A node's tiles are claimed and counted like an eager op's (cpu_scheduler.cpp), on the node's counters;
+// its completion takes the same path. Nothing here allocates: the replay state was sized at instantiate
+// (graph.cpp). Everything here runs under CpuCore::mu_.
 #include <algorithm>
+#include <atomic>
 
 #include "runtime/cpu_device.h"
 #include "runtime/graph_capture.h"
 
 namespace moe::rt {
-
-namespace {
-// How a failing node is named in the stream's error.
-std::string node_label(const GraphExecImpl& g, int i) {
-  return "graph node " + std::to_string(i) + " op '" + g.nodes[i].op.name + "' (captured on stream '" +
-         g.nodes[i].stream_name + "')";
-}
-}  // namespace
 
 uint64_t CpuCore::enqueue_graph(const std::shared_ptr<StreamImpl>& si, const std::shared_ptr<GraphExecImpl>& g) {
   auto& s = static_cast<CpuStream&>(*si);
@@ -35,7 +29,7 @@ uint64_t CpuCore::enqueue_graph(const std::shared_ptr<StreamImpl>& si, const std
       r.seq = e.seq;
       r.enqueue_ns = now;
       r.graph_node = static_cast<int>(i);
-      r.tiles.reserve(g->nodes[i].op.num_tiles);
+      r.tiles.assign(g->nodes[i].op.num_tiles, TileRecord{-1, -1, 0, 0});  // one slot per claim, -1: not run
     }
   }
   uint64_t seq = e.seq;
@@ -70,27 +64,39 @@ bool CpuCore::pick_graph(CpuStream& s, CpuEntry& e, CpuWork& work, int64_t now) 
   work.stream = &s;
   work.entry = &e;
   work.delay_us = 0;
-  if (g.ready_head == g.ready_tail) {  // no tiles: a polling node whose time has come, if any
-    for (int i : g.polls) {
-      if (g.polling[i] || now < g.next_poll_ns[i]) continue;
-      g.polling[i] = 1;
-      work.node = i;
-      work.tile = -1;
-      work.run = true;
-      return true;
+  work.order = nullptr;
+  // The first ready node with a tile left. Its first claim is made here, under the lock: tile 0 is always
+  // claimed here, and the node cannot complete before this worker counts its tile.
+  while (g.ready_head != g.ready_tail) {
+    const int i = g.ready[g.ready_head];
+    const int n = g.nodes[i].op.num_tiles;
+    std::atomic_ref<int> next(g.next_tile[i]);
+    const int t = next.load(std::memory_order_relaxed) < n ? next.fetch_add(1, std::memory_order_relaxed) : n;
+    if (t >= n) {  // all handed out: the node leaves the ready queue
+      ++g.ready_head;
+      continue;
     }
-    return false;
+    if (t == 0 && !e.node_traces.empty()) e.node_traces[i].start_ns = now_ns();
+    work.node = i;
+    work.op = &g.nodes[i].op;
+    work.tile = t;
+    work.next = &g.next_tile[i];
+    work.done = &g.tiles_done[i];
+    work.trace = e.node_traces.empty() ? nullptr : &e.node_traces[i];
+    if (options_.fuzz.max_delay_us > 0)
+      work.delay_us = std::uniform_int_distribution<int>(0, options_.fuzz.max_delay_us)(rng_);
+    return true;
   }
-  int i = g.ready[g.ready_head];
-  int t = g.next_tile[i]++;
-  if (g.next_tile[i] == g.nodes[i].op.num_tiles) ++g.ready_head;
-  if (t == 0 && !e.node_traces.empty()) e.node_traces[i].start_ns = now_ns();
-  work.node = i;
-  work.tile = t;
-  work.run = !s.error;
-  if (options_.fuzz.max_delay_us > 0)
-    work.delay_us = std::uniform_int_distribution<int>(0, options_.fuzz.max_delay_us)(rng_);
-  return true;
+  // No tiles: a polling node whose time has come, if any.
+  for (int i : g.polls) {
+    if (g.polling[i] || now < g.next_poll_ns[i]) continue;
+    g.polling[i] = 1;
+    work.node = i;
+    work.op = &g.nodes[i].op;
+    work.tile = -1;
+    return true;
+  }
+  return false;
 }
 
 void CpuCore::graph_node_ready(CpuStream& s, CpuEntry& e, int node) {
@@ -98,6 +104,7 @@ void CpuCore::graph_node_ready(CpuStream& s, CpuEntry& e, int node) {
   const Op& op = g.nodes[node].op;
   if (op.num_tiles > 0) {
     g.ready[g.ready_tail++] = node;
+    wake_budget_ += op.num_tiles;
   } else if (op.poll && !s.error) {
     graph_start_poll(e, node);
   } else {
@@ -111,8 +118,8 @@ void CpuCore::graph_start_poll(CpuEntry& e, int node) {
   g.next_poll_ns[node] = 0;  // poll at once
   g.polling[node] = 0;
   ++num_poll_heads_;
+  ++wake_budget_;
   if (!e.node_traces.empty() && e.node_traces[node].start_ns == 0) e.node_traces[node].start_ns = now_ns();
-  bump();
 }
 
 // Marks `node` (-1: none, only the nodes already on the stack) done and releases its successors; those with
@@ -138,40 +145,10 @@ void CpuCore::graph_node_done(CpuStream& s, CpuEntry& e, int node) {
   }
 }
 
-void CpuCore::finish_graph_tile(const CpuWork& work, int worker, int64_t t0, int64_t t1, const std::string* error) {
-  CpuStream& s = *work.stream;
-  CpuEntry& e = *work.entry;
-  GraphExecImpl& g = *e.graph;
-  const int i = work.node;
-  if (error) fail(s, e.seq, node_label(g, i), *error);
-  if (!e.node_traces.empty() && work.run) e.node_traces[i].tiles.push_back(TileRecord{work.tile, worker, t0, t1});
-  if (++g.tiles_done[i] < g.nodes[i].op.num_tiles) return;
-  if (g.nodes[i].op.poll && !s.error) return graph_start_poll(e, i);  // its tiles done, it polls next
-  graph_node_done(s, e, i);
-  finish_graph_if_done(s, e);
-}
-
-void CpuCore::finish_graph_poll(const CpuWork& work, bool done, const std::string* error) {
-  CpuStream& s = *work.stream;
-  CpuEntry& e = *work.entry;
-  GraphExecImpl& g = *e.graph;
-  const int i = work.node;
-  g.polling[i] = 0;
-  if (error) fail(s, e.seq, node_label(g, i), *error);
-  if (!done && !error) {
-    g.next_poll_ns[i] = now_ns() + kPollIntervalNs;
-    return;
-  }
-  g.polls.erase(std::find(g.polls.begin(), g.polls.end(), i));  // a handful at most
-  --num_poll_heads_;
-  graph_node_done(s, e, i);
-  finish_graph_if_done(s, e);
-}
-
 void CpuCore::finish_graph_if_done(CpuStream& s, CpuEntry& e) {
   GraphExecImpl& g = *e.graph;
   if (g.nodes_done < static_cast<int>(g.nodes.size())) {
-    bump();  // new ready nodes for the idle workers
+    notify(true);  // new ready nodes for the idle workers
     return;
   }
   g.running = false;

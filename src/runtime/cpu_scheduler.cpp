@@ -1,9 +1,12 @@
-// The worker side of the CPU device: workers take tiles (or poll() calls) of the ready head op of every
-// stream, in scheduling order, run them without the lock, and complete the op when its last tile is done.
+// The worker side of the CPU device: workers take the ready head op of every stream (or a ready node of a
+// graph replay), in scheduling order, claim its tiles and run them without the lock, and the worker that
+// counts the last tile completes the op (cpu_device.h describes the counters and their ordering).
 //
-// Everything here runs under CpuCore::mu_ except the tile and poll calls themselves. Entries live in a
+// Everything here runs under CpuCore::mu_ except run_tiles' loop and the poll calls. Entries live in a
 // std::deque, whose references survive push_back, so a worker may hold a CpuEntry* while unlocked; the entry
 // is popped only by whoever finishes its last tile or poll.
+#include <algorithm>
+#include <atomic>
 #include <stdexcept>
 
 #include "runtime/cpu_device.h"
@@ -11,19 +14,55 @@
 
 namespace moe::rt {
 
+static_assert(std::atomic_ref<int>::required_alignment <= alignof(int));
+static_assert(std::atomic_ref<bool>::required_alignment <= alignof(bool));
+
 namespace {
 std::string describe_failure(const CpuStream& s, uint64_t seq, const std::string& op_name,
                              const std::string& what) {
   return op_name + " (position " + std::to_string(seq) + ") on stream '" + s.name + "' (id " +
          std::to_string(s.id) + ") failed: " + what;
 }
+
+// How a failing op or graph node is named in the stream's error.
+std::string work_label(const CpuWork& w) {
+  if (w.node < 0) return "op '" + w.op->name + "'";
+  const GraphNode& n = w.entry->graph->nodes[w.node];
+  return "graph node " + std::to_string(w.node) + " op '" + n.op.name + "' (captured on stream '" + n.stream_name +
+         "')";
+}
+
+// Calls f, returning false with the exception's message if it throws.
+template <class F>
+bool call(F&& f, std::string& error) {
+  try {
+    f();
+    return true;
+  } catch (const std::exception& ex) {
+    error = ex.what();
+  } catch (...) {
+    error = "unknown exception";
+  }
+  return false;
+}
 }  // namespace
 
-void CpuCore::bump() {
+void CpuCore::notify(bool from_worker) {
   gen_.fetch_add(1, std::memory_order_release);
-  if (num_sleepers_ > 0) work_cv_.notify_all();
-  for (HostWaiter* w : host_waiters_)
-    if ((*w->done)()) w->cv.notify_one();
+  int want = wake_budget_ - (from_worker ? 1 : 0);
+  wake_budget_ = 0;
+  if (num_sleepers_ > 0 && want > 0) {
+    if (want >= num_sleepers_) {
+      work_cv_.notify_all();
+    } else {
+      for (int i = 0; i < want; ++i) work_cv_.notify_one();
+    }
+  }
+  if (host_dirty_) {
+    host_dirty_ = false;
+    for (HostWaiter* w : host_waiters_)
+      if ((*w->done)()) w->cv.notify_one();
+  }
 }
 
 void CpuCore::worker_main(int worker) {
@@ -31,7 +70,11 @@ void CpuCore::worker_main(int worker) {
   CpuWork work;
   for (;;) {
     if (pick(work)) {
-      run_work(work, worker, lk);
+      if (work.tile < 0) {
+        run_poll(work, lk);
+      } else {
+        run_tiles(work, worker, lk);
+      }
       continue;
     }
     if (stop_) return;
@@ -75,14 +118,23 @@ bool CpuCore::pick_from(CpuStream& s, CpuWork& work, int64_t now) {
   if (options_.fuzz.serialize_streams && serial_owner_ != nullptr && serial_owner_ != &s) return false;
   if (e.kind == CpuEntry::Kind::kGraph) return e.started && pick_graph(s, e, work, now);
   work.node = -1;
+  work.op = &e.op;
   if (e.poll_phase) {
     if (e.polling || now < e.next_poll_ns) return false;
-    e.polling = true;
+    e.polling = 1;
     work.tile = -1;
   } else {
-    if (e.next_tile >= e.op.num_tiles) return false;
-    int i = e.next_tile++;
-    work.tile = e.tile_order.empty() ? i : e.tile_order[i];
+    // The first claim is made under the lock: until this worker counts it, the entry stays at the head.
+    std::atomic_ref<int> next(e.next_tile);
+    const int n = e.op.num_tiles;
+    if (next.load(std::memory_order_relaxed) >= n) return false;
+    int i = next.fetch_add(1, std::memory_order_relaxed);
+    if (i >= n) return false;  // the other workers took the last ones meanwhile
+    work.tile = i;
+    work.next = &e.next_tile;
+    work.done = &e.tiles_done;
+    work.order = e.tile_order.empty() ? nullptr : e.tile_order.data();
+    work.trace = e.trace.get();
   }
   if (!e.started) {
     e.started = true;
@@ -91,47 +143,78 @@ bool CpuCore::pick_from(CpuStream& s, CpuWork& work, int64_t now) {
   }
   work.stream = &s;
   work.entry = &e;
-  work.run = !s.error;
   work.delay_us = options_.fuzz.max_delay_us > 0
                       ? std::uniform_int_distribution<int>(0, options_.fuzz.max_delay_us)(rng_)
                       : 0;
   return true;
 }
 
-void CpuCore::run_work(const CpuWork& work, int worker, std::unique_lock<std::mutex>& lk) {
-  // Both set at enqueue, before this worker saw the entry.
-  const bool tracing = work.entry->trace != nullptr || !work.entry->node_traces.empty();
-  const Op& op = work.node >= 0 ? work.entry->graph->nodes[work.node].op : work.entry->op;
+// Runs the claimed tile and claims the next ones, unlocked, until the op's tiles run out, the scheduling
+// state changes (a higher-priority op may be ready: pick again), a poll is due or the entry fails; then
+// counts them.
+void CpuCore::run_tiles(const CpuWork& work, int worker, std::unique_lock<std::mutex>& lk) {
+  const Op& op = *work.op;
+  const int n = op.num_tiles;
+  std::atomic_ref<int> next(*work.next);
+  std::atomic_ref<bool> failed(work.entry->failed);
+  const uint64_t gen = gen_.load(std::memory_order_relaxed);
+  // A fuzzed delay is drawn per pick, so each tile gets its own: one tile per pick.
+  const bool one_tile = options_.fuzz.max_delay_us > 0;
+  // Ops in their poll phase are polled between tiles, as often as idle workers would poll them: pick again
+  // after a poll interval. (One entering its poll phase meanwhile changes gen_.)
+  const int64_t repick_ns = num_poll_heads_ > 0 ? now_ns() + kPollIntervalNs : 0;
+  lk.unlock();
+  if (work.delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(work.delay_us));
+  int count = 0;  // tiles run (or skipped) by this call, not yet added to tiles_done
+  std::string error;
+  for (int i = work.tile;;) {
+    // Relaxed: a stale flag only runs one more tile of a failed entry, as a tile already running would.
+    bool skip = failed.load(std::memory_order_relaxed);
+    if (!skip) {
+      const int tile = work.order ? work.order[i] : i;
+      const int64_t t0 = work.trace ? now_ns() : 0;
+      const bool ok = call([&] { op.tile(tile); }, error);
+      if (work.trace) work.trace->tiles[i] = TileRecord{tile, worker, t0, now_ns()};  // it ran, even if it threw
+      if (!ok) {
+        lk.lock();
+        fail_work(work, error);
+        lk.unlock();
+        skip = true;
+      }
+    }
+    ++count;
+    if (skip) {  // hand out no more tiles of this op: count the unclaimed ones as skipped
+      const int rest = next.exchange(n, std::memory_order_relaxed);
+      count += std::max(0, n - rest);
+      break;
+    }
+    if (i + 1 >= n) break;  // that was the last index: no claim can succeed
+    if (one_tile || gen_.load(std::memory_order_relaxed) != gen) break;
+    if (repick_ns > 0 && now_ns() >= repick_ns) break;
+    i = next.fetch_add(1, std::memory_order_relaxed);
+    if (i >= n) break;
+  }
+  // Release: this worker's tile writes (and trace slots) before the count; acquire: the last counter sees
+  // every other worker's. A worker that ran every tile (a one-tile op) has nobody to count with.
+  const int total =
+      count == n ? n : std::atomic_ref<int>(*work.done).fetch_add(count, std::memory_order_acq_rel) + count;
+  lk.lock();
+  if (total == n) tiles_finished(work);
+}
+
+void CpuCore::run_poll(const CpuWork& work, std::unique_lock<std::mutex>& lk) {
   lk.unlock();
   if (work.delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(work.delay_us));
   std::string error;
-  bool failed = false;
   bool done = false;
-  int64_t t0 = tracing ? now_ns() : 0;
-  try {
-    if (work.tile < 0) {
-      done = op.poll();
-    } else if (work.run) {
-      op.tile(work.tile);
-    }
-  } catch (const std::exception& ex) {
-    failed = true;
-    error = ex.what();
-  } catch (...) {
-    failed = true;
-    error = "unknown exception";
-  }
-  int64_t t1 = tracing ? now_ns() : 0;
+  const bool ok = call([&] { done = work.op->poll(); }, error);
   lk.lock();
-  if (work.tile < 0 && work.node >= 0) {
-    finish_graph_poll(work, done, failed ? &error : nullptr);
-  } else if (work.tile < 0) {
-    finish_poll(work, done, failed ? &error : nullptr);
-  } else if (work.node >= 0) {
-    finish_graph_tile(work, worker, t0, t1, failed ? &error : nullptr);
-  } else {
-    finish_tile(work, worker, t0, t1, failed ? &error : nullptr);
-  }
+  finish_poll(work, done, ok ? nullptr : &error);
+}
+
+void CpuCore::fail_work(const CpuWork& work, const std::string& what) {
+  std::atomic_ref<bool>(work.entry->failed).store(true, std::memory_order_relaxed);
+  fail(*work.stream, work.entry->seq, work_label(work), what);
 }
 
 void CpuCore::fail(CpuStream& s, uint64_t seq, const std::string& op_name, const std::string& what) {
@@ -157,32 +240,50 @@ void CpuCore::inherit_error(CpuStream& s, uint64_t seq, const CpuStream& from, u
   s.error_via = seq;
 }
 
-void CpuCore::finish_tile(const CpuWork& work, int worker, int64_t t0, int64_t t1, const std::string* error) {
-  CpuStream& s = *work.stream;
-  CpuEntry& e = *work.entry;
-  if (error) fail(s, e.seq, "op '" + e.op.name + "'", *error);
-  if (e.trace && work.run) e.trace->tiles.push_back(TileRecord{work.tile, worker, t0, t1});
-  if (++e.tiles_done < e.op.num_tiles) return;
-  if (e.op.poll && !s.error) {
-    e.poll_phase = true;
+void CpuCore::tiles_finished(const CpuWork& work) {
+  // Slots of tiles skipped after a failure were never written.
+  if (work.trace) std::erase_if(work.trace->tiles, [](const TileRecord& r) { return r.worker < 0; });
+  if (work.op->poll && !work.stream->error) return start_poll(work);  // its tiles done, it polls next
+  work_done(work);
+}
+
+void CpuCore::start_poll(const CpuWork& work) {
+  if (work.node >= 0) {
+    graph_start_poll(*work.entry, work.node);
+  } else {
+    work.entry->poll_phase = true;
     ++num_poll_heads_;
-    bump();
-    return;
+    ++wake_budget_;
   }
-  complete_head(s);
+  notify(true);
 }
 
 void CpuCore::finish_poll(const CpuWork& work, bool done, const std::string* error) {
-  CpuStream& s = *work.stream;
   CpuEntry& e = *work.entry;
-  e.polling = false;
-  if (error) fail(s, e.seq, "op '" + e.op.name + "'", *error);
-  if (done || error) {
-    --num_poll_heads_;
-    complete_head(s);
+  if (error) fail_work(work, *error);
+  if (work.node >= 0) {
+    GraphExecImpl& g = *e.graph;
+    g.polling[work.node] = 0;
+    if (!done && !error) {
+      g.next_poll_ns[work.node] = now_ns() + kPollIntervalNs;
+      return;
+    }
+    g.polls.erase(std::find(g.polls.begin(), g.polls.end(), work.node));  // a handful at most
   } else {
-    e.next_poll_ns = now_ns() + kPollIntervalNs;
+    e.polling = 0;
+    if (!done && !error) {
+      e.next_poll_ns = now_ns() + kPollIntervalNs;
+      return;
+    }
   }
+  --num_poll_heads_;
+  work_done(work);
+}
+
+void CpuCore::work_done(const CpuWork& work) {
+  if (work.node < 0) return complete_head(*work.stream);
+  graph_node_done(*work.stream, *work.entry, work.node);
+  finish_graph_if_done(*work.stream, *work.entry);
 }
 
 // Pops the head op that a worker finished, then lets every stream move on.
@@ -193,11 +294,16 @@ void CpuCore::complete_head(CpuStream& s) {
     trace_.ops.push_back(std::move(*e.trace));
   }
   if (serial_owner_ == &s) serial_owner_ = nullptr;
-  uint64_t seq = e.seq;
+  pop_head(s);
+  advance_all();
+  notify(true);
+}
+
+void CpuCore::pop_head(CpuStream& s) {
+  uint64_t seq = s.queue.front().seq;
   s.queue.pop_front();
   s.completed.store(seq, std::memory_order_release);
-  advance_all();
-  bump();
+  host_dirty_ = true;
 }
 
 // Completes the entries at the head of `s` that need no worker. Returns whether any completed.
@@ -219,10 +325,15 @@ bool CpuCore::advance(CpuStream& s) {
     } else if (e.kind == CpuEntry::Kind::kOp) {
       if (e.started || e.poll_phase) break;
       if (!s.error) {
-        if (e.op.num_tiles > 0) break;
+        if (e.op.num_tiles > 0) {
+          if (!e.announced) wake_budget_ += e.op.num_tiles;
+          e.announced = true;
+          break;
+        }
         if (e.op.poll) {
           e.poll_phase = true;
           ++num_poll_heads_;
+          ++wake_budget_;
           break;
         }
         if (e.trace) {  // an empty op: done the moment it is ready
@@ -231,9 +342,7 @@ bool CpuCore::advance(CpuStream& s) {
         }
       }
     }
-    uint64_t seq = e.seq;
-    s.queue.pop_front();
-    s.completed.store(seq, std::memory_order_release);
+    pop_head(s);
     any = true;
   }
   return any;

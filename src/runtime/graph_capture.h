@@ -29,7 +29,8 @@ struct GraphExecImpl {
   std::vector<int> succ;
   std::vector<int> roots;
 
-  // Replay state, owned by the executing device and touched only under its scheduler lock. Sized once at
+  // Replay state, owned by the executing device and touched only under its scheduler lock (except that its
+  // workers claim and count next_tile / tiles_done through std::atomic_ref: cpu_device.h). Sized once at
   // instantiate so that a replay allocates nothing.
   bool running = false;
   std::vector<int> pending;  // unfinished dependencies per node
