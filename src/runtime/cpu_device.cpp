@@ -191,9 +191,9 @@ uint64_t CpuCore::enqueue_wait(const std::shared_ptr<StreamImpl>& si, const Even
 void CpuCore::wait_until(std::unique_lock<std::mutex>& lk, const std::function<bool()>& done) {
   if (done()) return;
   if (options_.spin_us > 0) {
+    uint64_t g = gen_.load(std::memory_order_acquire);  // before unlocking: a completion after it changes gen_
     lk.unlock();
     auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(options_.spin_us);
-    uint64_t g = gen_.load(std::memory_order_acquire);
     while (std::chrono::steady_clock::now() < deadline) {
       uint64_t g2 = gen_.load(std::memory_order_acquire);
       if (g2 != g) {

@@ -65,6 +65,16 @@ bool CpuCore::pick_graph(CpuStream& s, CpuEntry& e, CpuWork& work, int64_t now) 
   work.entry = &e;
   work.delay_us = 0;
   work.order = nullptr;
+  // A polling node whose time has come goes first: a poll is short, and handing out compute tiles while
+  // one is due would hold back the exchange it progresses until the ready nodes run dry.
+  for (int i : g.polls) {
+    if (g.polling[i] || now < g.next_poll_ns[i]) continue;
+    g.polling[i] = 1;
+    work.node = i;
+    work.op = &g.nodes[i].op;
+    work.tile = -1;
+    return true;
+  }
   // The first ready node with a tile left. Its first claim is made here, under the lock: tile 0 is always
   // claimed here, and the node cannot complete before this worker counts its tile.
   while (g.ready_head != g.ready_tail) {
@@ -85,15 +95,6 @@ bool CpuCore::pick_graph(CpuStream& s, CpuEntry& e, CpuWork& work, int64_t now) 
     work.trace = e.node_traces.empty() ? nullptr : &e.node_traces[i];
     if (options_.fuzz.max_delay_us > 0)
       work.delay_us = std::uniform_int_distribution<int>(0, options_.fuzz.max_delay_us)(rng_);
-    return true;
-  }
-  // No tiles: a polling node whose time has come, if any.
-  for (int i : g.polls) {
-    if (g.polling[i] || now < g.next_poll_ns[i]) continue;
-    g.polling[i] = 1;
-    work.node = i;
-    work.op = &g.nodes[i].op;
-    work.tile = -1;
     return true;
   }
   return false;

@@ -176,10 +176,16 @@ void CpuCore::run_tiles(const CpuWork& work, int worker, std::unique_lock<std::m
       const bool ok = call([&] { op.tile(tile); }, error);
       if (work.trace) work.trace->tiles[i] = TileRecord{tile, worker, t0, now_ns()};  // it ran, even if it threw
       if (!ok) {
+        // Close the handing out before taking the lock, which every pick and retire contends for: from here
+        // on no claim succeeds, so only tiles claimed before now can still start. The op cannot retire before
+        // the failure is recorded: this worker's count, added below, is one it waits for.
+        failed.store(true, std::memory_order_relaxed);
+        const int rest = next.exchange(n, std::memory_order_relaxed);
+        count += 1 + std::max(0, n - rest);
         lk.lock();
         fail_work(work, error);
         lk.unlock();
-        skip = true;
+        break;
       }
     }
     ++count;
@@ -293,7 +299,12 @@ void CpuCore::complete_head(CpuStream& s) {
     e.trace->end_ns = now_ns();
     trace_.ops.push_back(std::move(*e.trace));
   }
-  if (serial_owner_ == &s) serial_owner_ = nullptr;
+  if (serial_owner_ == &s) {
+    // Fuzzing's one-stream-at-a-time: the heads other streams announced while this one owned the device
+    // spent their wake-ups then; they may start now, so wake every sleeper.
+    serial_owner_ = nullptr;
+    wake_budget_ += num_workers_ + 1;
+  }
   pop_head(s);
   advance_all();
   notify(true);
