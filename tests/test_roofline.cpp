@@ -100,27 +100,6 @@ __attribute__((target("avx2"))) uint64_t plain_avx2(const char* p, size_t n) {
   return out[0] ^ out[1] ^ out[2] ^ out[3];
 }
 
-// Seconds for `threads` pinned threads, released together, each running read(t).
-template <class Read>
-double timed_threads(int threads, Read read) {
-  std::atomic<bool> go{false};
-  std::atomic<int> ready{0};
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      ready.fetch_add(1);
-      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-      read(t);
-    });
-  const std::vector<int> cpus = rt::allowed_cpus();
-  for (int t = 0; t < threads; ++t) rt::pin_thread(pool[static_cast<size_t>(t)].native_handle(), t, cpus);
-  while (ready.load() < threads) std::this_thread::yield();
-  const auto t0 = std::chrono::steady_clock::now();
-  go.store(true, std::memory_order_release);
-  for (auto& th : pool) th.join();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -155,17 +134,17 @@ TEST(Roofline, ProbeReadsAsFastAsPlainVectorLoop) {
         const char* p = buf + static_cast<size_t>(t) * slice;
         sink += wide ? plain_avx512(p, slice) : plain_avx2(p, slice);
       };
-      timed_threads(threads, probe);  // warm the page tables and the threads' start-up path
-      timed_threads(threads, plain);
+      timed_parallel(threads, probe);  // warm the page tables and the threads' start-up path
+      timed_parallel(threads, plain);
       std::vector<double> ratio, probe_gbps, plain_gbps;
       for (int r = 0; r < rounds; ++r) {
         double tp, tq;
         if (r % 2 == 0) {
-          tp = timed_threads(threads, probe);
-          tq = timed_threads(threads, plain);
+          tp = timed_parallel(threads, probe);
+          tq = timed_parallel(threads, plain);
         } else {
-          tq = timed_threads(threads, plain);
-          tp = timed_threads(threads, probe);
+          tq = timed_parallel(threads, plain);
+          tp = timed_parallel(threads, probe);
         }
         ratio.push_back(tq / tp);
         probe_gbps.push_back(static_cast<double>(slice) * threads / tp / 1e9);

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -93,11 +94,16 @@ uint64_t read_scalar(const char* p, size_t n) {
   return a0 ^ a1 ^ a2 ^ a3;
 }
 
-// Runs body(thread_index) on `threads` threads released together; returns the wall seconds until the
-// last one finishes. Thread start-up is outside the timed region. Threads are pinned like the CPU device's
-// workers, so the figures are those the workers can reach.
-template <class Body>
-double timed_parallel(int threads, Body body) {
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+volatile uint64_t g_sink;
+
+}  // namespace
+
+double timed_parallel(int threads, const std::function<void(int)>& body) {
   std::atomic<bool> go{false};
   std::atomic<int> ready{0};
   std::vector<std::thread> pool;
@@ -116,14 +122,6 @@ double timed_parallel(int threads, Body body) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-volatile uint64_t g_sink;
-
-}  // namespace
 
 uint64_t read_once(Isa isa, const void* p, size_t n) {
   const char* q = static_cast<const char*>(p);

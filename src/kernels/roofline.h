@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "kernels/linear.h"
 
@@ -43,6 +44,11 @@ double measure_dram_read_gbps(int threads, const void* buffer, size_t bytes, Isa
 // result is the same on every ISA.
 uint64_t read_once(Isa isa, const void* p, size_t n);
 inline uint64_t read_once(const void* p, size_t n) { return read_once(read_isa(), p, n); }
+
+// Seconds from releasing `threads` threads together until the last one returns from body(thread_index).
+// Thread start-up is outside the timed region; the threads are pinned like the CPU device's workers, so the
+// figures are those the workers can reach. Every probe here is timed with it.
+double timed_parallel(int threads, const std::function<void(int)>& body);
 
 enum class PeakKind {
   kF32Fma,   // fp32 fused multiply-add, 2 flops per lane
