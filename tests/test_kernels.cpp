@@ -16,6 +16,7 @@
 #include "kernels/linear.h"
 #include "kernels/roofline.h"
 #include "kernels/weight.h"
+#include "kernel_test_util.h"
 
 namespace moe {
 namespace {
@@ -70,22 +71,10 @@ TestWeight make_weight(DType dt, int64_t rows, int64_t cols, uint32_t seed) {
   return t;
 }
 
-std::vector<float> make_x(int64_t M, int64_t ldx, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(M * ldx));
-  for (auto& v : x) v = nd(rng);
-  return x;
-}
+using testing_util::make_x;
 
 // Every kernel test runs on each ISA this CPU has; the ISA is an argument of every kernel call.
-class KernelIsa : public ::testing::TestWithParam<Isa> {
- protected:
-  void SetUp() override {
-    if (!isa_supported(GetParam())) GTEST_SKIP() << isa_name(GetParam()) << " not available here";
-  }
-  Isa isa() const { return GetParam(); }
-};
+class KernelIsa : public testing_util::IsaTest {};
 
 constexpr DType kDTypes[] = {DType::kF32, DType::kBF16, DType::kF8E4M3};
 

@@ -13,6 +13,7 @@
 #include "kernels/dtype.h"
 #include "kernels/linear.h"
 #include "kernels/weight.h"
+#include "kernel_test_util.h"
 
 namespace moe {
 namespace {
@@ -46,21 +47,9 @@ Int4Weight make_int4(int64_t rows, int64_t cols, int64_t group, uint32_t seed) {
   return t;
 }
 
-std::vector<float> make_x(int64_t M, int64_t ldx, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(M * ldx));
-  for (auto& v : x) v = nd(rng);
-  return x;
-}
+using testing_util::make_x;
 
-class Int4Isa : public ::testing::TestWithParam<Isa> {
- protected:
-  void SetUp() override {
-    if (!isa_supported(GetParam())) GTEST_SKIP() << isa_name(GetParam()) << " not available here";
-  }
-  Isa isa() const { return GetParam(); }
-};
+class Int4Isa : public testing_util::IsaTest {};
 
 TEST(Int4Weights, WeightAtIsTheFieldMinusEightTimesTheGroupScale) {
   // Row 0: words 0x76543210 and 0xfedcba98, i.e. columns 0..15 hold fields 0..15 = values -8..7.
