@@ -8,7 +8,9 @@
 // splitting its rows; peak_frac = achieved / the fp32-FMA peak measured at start-up (the kernels use fp32
 // FMA on exactly converted weights; vs the bf16-dot peak for the avx512bf16 path on bf16 and fp8 weights).
 // The second argument is the ISA (1 avx2, 2 avx512, 3 avx512bf16 = vdpbf16ps on bf16/fp8 weights); those this
-// CPU lacks are skipped. --benchmark_filter='/2$' (the ISA argument) keeps one.
+// CPU lacks are skipped, and so is avx512bf16 on int4 weights (both AVX-512 ISAs run the same int4 kernel).
+// --benchmark_filter='/2$' (the ISA argument) keeps one. int4 matrices count their bf16 group scales as bytes
+// read; their FMA count per weight is bf16's, so past a few tokens they are bound by the fp32-FMA peak.
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
 
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,10 +71,19 @@ struct Pool {
 
 std::vector<float> g_scales(64 * 64, 1.0f / 256);
 
-// The i-th of the distinct [rows x cols] matrices that fit in the pool.
+constexpr int64_t kInt4Group = 32;  // Kimi-K2-Thinking's group size
+
+// Bytes of one [rows x cols] matrix in the pool; int4: its packed words, then its bf16 group scales.
+int64_t matrix_bytes(DType dt, int64_t rows, int64_t cols) {
+  if (dt == DType::kInt4) return rows * cols / 2 + rows * (cols / kInt4Group) * 2;
+  return rows * cols * static_cast<int64_t>(moe::dtype_size(dt));
+}
+
+// The i-th of the distinct [rows x cols] matrices that fit in the pool. int4 matrices read the pool's
+// bytes as packed words (every field is a valid value) and as scales (bf16 in +-[2^-8, 2)).
 WeightView matrix(DType dt, int64_t rows, int64_t cols, int64_t i, int64_t* count) {
   Pool& pool = Pool::get();
-  const int64_t bytes = rows * cols * static_cast<int64_t>(moe::dtype_size(dt));
+  const int64_t bytes = (matrix_bytes(dt, rows, cols) + 63) / 64 * 64;
   *count = static_cast<int64_t>(pool.bytes) / bytes;
   WeightView w;
   w.dtype = dt;
@@ -79,6 +91,10 @@ WeightView matrix(DType dt, int64_t rows, int64_t cols, int64_t i, int64_t* coun
   w.cols = cols;
   w.data = pool.data + (i % *count) * bytes;
   if (dt == DType::kF8E4M3) w.scale_inv = g_scales.data();
+  if (dt == DType::kInt4) {
+    w.group_size = kInt4Group;
+    w.group_scale = reinterpret_cast<const uint16_t*>(static_cast<const char*>(w.data) + rows * cols / 2);
+  }
   return w;
 }
 
@@ -95,18 +111,27 @@ struct Activations {
   }
 };
 
-// The ISA of the benchmark's second argument; every one this CPU has is registered (decode_args).
-moe::Isa select_isa(benchmark::State& state, int64_t arg) {
+// The ISA of the benchmark's second argument; every one this CPU has is registered (decode_args). Returns
+// nullopt (the benchmark skipped) where the CPU lacks it or it would repeat another one's kernel.
+std::optional<moe::Isa> select_isa(benchmark::State& state, int64_t arg, DType dt) {
   const moe::Isa isa = static_cast<moe::Isa>(arg);
-  if (!moe::isa_supported(isa)) state.SkipWithError("ISA not supported");
   state.SetLabel(std::string(moe::isa_name(isa)));
+  if (!moe::isa_supported(isa)) {
+    state.SkipWithError("ISA not supported");
+    return std::nullopt;
+  }
+  if (dt == DType::kInt4 && isa == moe::Isa::kAvx512Bf16) {
+    state.SkipWithError("int4 runs the avx512 kernel on both AVX-512 ISAs");
+    return std::nullopt;
+  }
   return isa;
 }
 
 void decode(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
   const int64_t M = state.range(0);
-  const moe::Isa isa = select_isa(state, state.range(1));
-  if (!moe::isa_supported(isa)) return;
+  const std::optional<moe::Isa> chosen = select_isa(state, state.range(1), dt);
+  if (!chosen) return;
+  const moe::Isa isa = *chosen;
   Activations a(M, rows, cols);
   float *x = a.x, *y = a.y;
   int64_t count = 0;
@@ -127,8 +152,9 @@ void decode(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
 
 void prefill(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
   const int64_t M = state.range(0);
-  const moe::Isa isa = select_isa(state, state.range(1));
-  if (!moe::isa_supported(isa)) return;
+  const std::optional<moe::Isa> chosen = select_isa(state, state.range(1), dt);
+  if (!chosen) return;
+  const moe::Isa isa = *chosen;
   Activations a(M, rows, cols);
   float *x = a.x, *y = a.y;
   int64_t count = 0;
@@ -161,14 +187,19 @@ void prefill_args(benchmark::internal::Benchmark* b) {
   b->Threads(1)->Threads(2)->UseRealTime()->MinTime(0.5)->ComputeStatistics("min", min_of);
 }
 
-// Qwen3-Next expert gate/up [512 x 2048] and down [2048 x 512] in bf16; DeepSeek-V3 fp8 [2048 x 7168].
+// Qwen3-Next expert gate/up [512 x 2048] and down [2048 x 512] in bf16 and int4 (groups of 32);
+// DeepSeek-V3 fp8 [2048 x 7168]; Kimi-K2's int4 expert gate/up [2048 x 7168].
 BENCHMARK_CAPTURE(decode, bf16_512x2048, DType::kBF16, 512, 2048)->Apply(decode_args);
 BENCHMARK_CAPTURE(decode, bf16_2048x512, DType::kBF16, 2048, 512)->Apply(decode_args);
 BENCHMARK_CAPTURE(decode, fp8_2048x7168, DType::kF8E4M3, 2048, 7168)->Apply(decode_args);
 BENCHMARK_CAPTURE(decode, f32_512x2048, DType::kF32, 512, 2048)->Apply(decode_args);
+BENCHMARK_CAPTURE(decode, int4_512x2048, DType::kInt4, 512, 2048)->Apply(decode_args);
+BENCHMARK_CAPTURE(decode, int4_2048x512, DType::kInt4, 2048, 512)->Apply(decode_args);
+BENCHMARK_CAPTURE(decode, int4_2048x7168, DType::kInt4, 2048, 7168)->Apply(decode_args);
 BENCHMARK_CAPTURE(prefill, bf16_512x2048, DType::kBF16, 512, 2048)->Apply(prefill_args);
 BENCHMARK_CAPTURE(prefill, bf16_2048x7168, DType::kBF16, 2048, 7168)->Apply(prefill_args);
 BENCHMARK_CAPTURE(prefill, fp8_2048x7168, DType::kF8E4M3, 2048, 7168)->Apply(prefill_args);
+BENCHMARK_CAPTURE(prefill, int4_2048x7168, DType::kInt4, 2048, 7168)->Apply(prefill_args);
 
 }  // namespace
 

@@ -14,11 +14,12 @@
 // weight_at() defines them (fp8 value * block scale, rounded once), element by element.
 //
 // Loop structure (linear_rows): tokens in macro-blocks of up to kMaxMacroTokens (their x rows stay in
-// L2), then row blocks (2 to 8 rows, by token count, row length and dtype), then one register-blocked
-// pass for up to 4 tokens (micro_kernel), one for 5-6 (short_rows on rows of at most 1 KiB, long_rows on
-// longer ones), two for 7-8 (wide_rows, or short_rows; fp8 rows longer than 1 KiB: one, three_rows), or,
-// for more, fp32 panels of the rows shared by micro-blocks of 3-4 tokens (row_block_panel). Each weight row
-// is streamed from memory once per macro-block.
+// L2). 1-2 tokens: kRuns runs of consecutive rows, one row of each at a time, every run read as one long
+// stream (run_kernel). More: row blocks (3 to 8 rows, by token count, row length and dtype), then one
+// register-blocked pass for 3-4 tokens (micro_kernel), one for 5-6 (short_rows on rows of at most 1 KiB,
+// long_rows on longer ones), two for 7-8 (wide_rows, or short_rows; fp8 rows longer than 1 KiB: one,
+// three_rows), or, for more, fp32 panels of the rows shared by micro-blocks of 3-4 tokens
+// (row_block_panel). Each weight row is streamed from memory once per macro-block.
 #pragma once
 
 #include <algorithm>
@@ -91,59 +92,22 @@ struct RowCursor<V, DType::kF8E4M3> {
   typename V::Reg load_tail(int64_t k, int n) const { return V::load_fp8_tail(p + k, n, scale); }
 };
 
-// y[t * ldy + r] for t < T, r < R: rows n .. n+R of w against tokens x[0 .. T). Streamed in under the
-// FMAs: with lead_cols == 0, the R rows starting lead_rows (>= R) further on, at the rate these are
-// consumed; with lead_cols > 0, these R rows lead_cols columns ahead of the reads, running on into the
-// next R rows' columns past the row end.
-template <class V, DType D, int R, int T>
-void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy,
-                  int64_t lead_rows = R, int64_t lead_cols = 0) {
+// The dot products of R rows (cursors set) with tokens x[0 .. T) into acc (zeroed first), block of 128
+// columns by block; before each block's reads, prefetch(kb, kend) streams weights in under the FMAs.
+template <class V, DType D, int R, int T, class Prefetch>
+inline void dot_rows(const float* x, int64_t ldx, int64_t K, RowCursor<V, D> (&rows)[R], typename V::Reg (&acc)[R][T],
+                     Prefetch&& prefetch) {
   using Reg = typename V::Reg;
   constexpr int L = V::kLanes;
-  constexpr int64_t es = static_cast<int64_t>(dtype_size(D));
-  constexpr int64_t kBlockColBytes = R * es;
-  const int64_t K = w.cols;
-  const char* here = static_cast<const char*>(w.data) + n * K * es;
-  const char* next = here + lead_rows * K * es;
-  const char* end = static_cast<const char*>(w.data) + w.rows * K * es;
-  RowCursor<V, D> rows[R];
-  Reg acc[R][T];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    rows[r].set(w, n + r);
+  for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) acc[r][t] = V::zero();
-  }
   for (int64_t kb = 0; kb < K; kb += kScaleBlock) {
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) rows[r].block(kb / kScaleBlock);
     const int64_t kend = std::min(K, kb + kScaleBlock);
-    // The part of the row block lead_rows further on that matches this block's columns (streamed in below
-    // at the rate this one is consumed).
-    const char* next_from = next + kb * kBlockColBytes;
-    const char* next_to = std::min(next + kend * kBlockColBytes, end);
-    if (lead_cols > 0) {
-      // Column kb + lead_cols and on, one line at a time; past K, the columns of the next R rows.
-      int64_t blk = (kb + lead_cols) / K, col = (kb + lead_cols) % K;
-      for (int64_t c = kb; c < kend; c += 64 / es) {
-        const char* p = here + (blk * R * K + col) * es;
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r)
-          if (p + r * K * es < end) V::prefetch(p + r * K * es);
-        for (col += 64 / es; col >= K; col -= K) ++blk;
-      }
-      // With 3 tokens a step has fewer FMAs than with 4, so the column lead covers less time than a DRAM
-      // read takes: the next row block also goes to L2, and the lead's prefetches find it there (one thread,
-      // from DRAM, 3 tokens: bf16 512x2048 66.6 -> 59.4 us, 2048x512 61.8 -> 55.7, f32 512x2048 157 -> 144;
-      // 4 tokens measured no faster, 5-6 slower).
-      if constexpr (T == 3)
-        for (; next_from < next_to; next_from += 64) V::prefetch_l2(next_from);
-    } else {
-      // The hardware prefetchers lose the R short row streams at every row block (a bf16 row of 2048 is
-      // one 4 KiB page), so stream the next row block in at the rate this one is consumed (T0 measured best,
-      // with NTA; NTA would evict what prefill re-reads).
-      for (; next_from < next_to; next_from += 64) V::prefetch(next_from);
-    }
+    prefetch(kb, kend);
     int64_t k = kb;
     // The decoding is chosen once per block, outside the loop: a per-load branch costs more than the
     // decoding itself.
@@ -177,11 +141,94 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
       }
     }
   }
+}
+
+// y[t * ldy + r] for t < T, r < R: rows n .. n+R of w against tokens x[0 .. T). Streamed in under the
+// FMAs: with lead_cols == 0, the R rows starting lead_rows (>= R) further on, at the rate these are
+// consumed; with lead_cols > 0, these R rows lead_cols columns ahead of the reads, running on into the
+// next R rows' columns past the row end.
+template <class V, DType D, int R, int T>
+void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy,
+                  int64_t lead_rows = R, int64_t lead_cols = 0) {
+  constexpr int64_t es = static_cast<int64_t>(dtype_size(D));
+  constexpr int64_t kBlockColBytes = R * es;
+  const int64_t K = w.cols;
+  const char* here = static_cast<const char*>(w.data) + n * K * es;
+  const char* next = here + lead_rows * K * es;
+  const char* end = static_cast<const char*>(w.data) + w.rows * K * es;
+  RowCursor<V, D> rows[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) rows[r].set(w, n + r);
+  typename V::Reg acc[R][T];
+  dot_rows<V, D, R, T>(x, ldx, K, rows, acc, [&](int64_t kb, int64_t kend) {
+    // The part of the row block lead_rows further on that matches this block's columns (streamed in below
+    // at the rate this one is consumed).
+    const char* next_from = next + kb * kBlockColBytes;
+    const char* next_to = std::min(next + kend * kBlockColBytes, end);
+    if (lead_cols > 0) {
+      // Column kb + lead_cols and on, one line at a time; past K, the columns of the next R rows.
+      int64_t blk = (kb + lead_cols) / K, col = (kb + lead_cols) % K;
+      for (int64_t c = kb; c < kend; c += 64 / es) {
+        const char* p = here + (blk * R * K + col) * es;
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+          if (p + r * K * es < end) V::prefetch(p + r * K * es);
+        for (col += 64 / es; col >= K; col -= K) ++blk;
+      }
+      // With 3 tokens a step has fewer FMAs than with 4, so the column lead covers less time than a DRAM
+      // read takes: the next row block also goes to L2, and the lead's prefetches find it there (one thread,
+      // from DRAM, 3 tokens: bf16 512x2048 66.6 -> 59.4 us, 2048x512 61.8 -> 55.7, f32 512x2048 157 -> 144;
+      // 4 tokens measured no faster, 5-6 slower).
+      if constexpr (T == 3)
+        for (; next_from < next_to; next_from += 64) V::prefetch_l2(next_from);
+    } else {
+      // The hardware prefetchers lose the R short row streams at every row block (a bf16 row of 2048 is
+      // one 4 KiB page), so stream the next row block in at the rate this one is consumed (T0 measured best,
+      // with NTA; NTA would evict what prefill re-reads).
+      for (; next_from < next_to; next_from += 64) V::prefetch(next_from);
+    }
+  });
   V::template hsum_acc<R, T>(acc, y, ldy);
 }
 
+inline constexpr int64_t kRuns = 4;  // streams of the 1-2 token path (see run_kernel)
+inline constexpr int64_t kRunLeadBytes = 2048;
+
+// y[t * ldy + r * run] for t < T, r < R: rows n + r * run of w against tokens x[0 .. T), for the R runs
+// of `run` consecutive rows that a caller walks with n, n + 1, ... Each run is read front to back as one
+// long stream, prefetched kRunLeadBytes ahead of its reads, on into its next row: the access pattern of
+// the bandwidth probe, which R adjacent rows are not (their streams end every R rows, and the hardware
+// prefetchers start over). One thread, weights from DRAM, 1 / 2 tokens, interleaved with the adjacent
+// 2-row blocks each 8 KiB ahead that this replaced: bf16 512x2048 108-138 / 113-121 -> 68-77 / 72-76 us
+// (avx512), 2048x512 92-97 / 91-94 -> 73-75 / 70-72 us; 0.84-0.88 of the read bandwidth at one token, one
+// and two threads, against 0.53-0.74. A lead of 1 KiB measured up to 10% slower, 4 KiB the same or slower;
+// 2 runs 20-40% slower, 6 and 8 slower.
+template <class V, DType D, int R, int T>
+void run_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, int64_t run, float* y, int64_t ldy) {
+  constexpr int64_t es = static_cast<int64_t>(dtype_size(D));
+  const int64_t K = w.cols;
+  const char* end = static_cast<const char*>(w.data) + w.rows * K * es;
+  const char* ahead[R];  // run r's read position plus the lead, at column 0
+  RowCursor<V, D> rows[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    rows[r].set(w, n + r * run);
+    ahead[r] = static_cast<const char*>(w.data) + (n + r * run) * K * es + kRunLeadBytes;
+  }
+  typename V::Reg acc[R][T];
+  dot_rows<V, D, R, T>(x, ldx, K, rows, acc, [&](int64_t kb, int64_t kend) {
+    for (int64_t c = kb * es; c < kend * es; c += 64)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+        if (ahead[r] + c < end) V::prefetch(ahead[r] + c);
+  });
+  float sums[T * R];
+  V::template hsum_acc<R, T>(acc, sums, R);
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) y[t * ldy + r * run] = sums[t * R + r];
+}
+
 inline constexpr int64_t kMaxMacroTokens = 32;
-inline constexpr int64_t kDecodeLeadBytes = 8 << 10;  // 1-2 tokens (see linear_rows)
 inline constexpr int64_t kRowLeadBytes = 1536;  // per row, 3-4 tokens (see wide_rows)
 inline constexpr int64_t kShortRowLeadBytes = 16 << 10;  // 5-8 tokens on short rows (see short_rows)
 inline constexpr int64_t kLongRowLeadBytes = 2048;  // per row, 5-6 tokens on long rows (see long_rows)
@@ -392,23 +439,16 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
     const float* xm = x + m0 * ldx;
     float* ym = y + m0 * ldy;
     int64_t n = n0;
-    // 1-2 tokens on rows of 1 KiB or more (bf16 K >= 512): 2 rows at a time, streaming in the rows
-    // kDecodeLeadBytes ahead. Fewer, longer streams keep the hardware prefetchers locked on, and the
-    // software stream must run a fixed distance ahead whatever the row length (one thread, weights from
-    // DRAM: bf16 512x2048 0.86-0.89 of the read bandwidth against 0.76-0.77 with 8 or 4 rows; 2048x512
-    // 54-55 us against 61-62 us with 8 rows and an 8-row lead). 4 and 16 KiB measured slower at one token;
-    // at two, 8 KiB beat the 16 it had before (512x2048 59.3 -> 57.7 us, 2048x512 56.6 -> 53.8) and 4 and
-    // 12. fp8 keeps the wider blocks below.
-    const int64_t row_bytes = w.cols * static_cast<int64_t>(dtype_size(D));
-    if (mc <= 2 && D != DType::kF8E4M3 && row_bytes >= 1024) {
-      const int64_t lead = std::max<int64_t>(2, (kDecodeLeadBytes / row_bytes + 1) & ~int64_t{1});
-      if (mc == 1)
-        for (; n + 2 <= n1; n += 2) micro_kernel<V, D, 2, 1>(xm, ldx, w, n, ym + (n - n0), ldy, lead);
-      else
-        for (; n + 2 <= n1; n += 2) micro_kernel<V, D, 2, 2>(xm, ldx, w, n, ym + (n - n0), ldy, lead);
+    // 1-2 tokens: kRuns runs of rows, each read as one stream (run_kernel), then the few rows left over.
+    if (mc <= 2) {
+      const int64_t run = (n1 - n) / kRuns;
+      for (int64_t i = 0; i < run; ++i, ++n) {
+        if (mc == 1) run_kernel<V, D, kRuns, 1>(xm, ldx, w, n, run, ym + (n - n0), ldy);
+        else run_kernel<V, D, kRuns, 2>(xm, ldx, w, n, run, ym + (n - n0), ldy);
+      }
+      n += (kRuns - 1) * run;
     }
-    if (mc == 1)  // one token: more rows in flight to cover the FMA latency
-      for (; n + 8 <= n1; n += 8) micro_kernel<V, D, 8, 1>(xm, ldx, w, n, ym + (n - n0), ldy);
+    const int64_t row_bytes = w.cols * static_cast<int64_t>(dtype_size(D));
     // 3-8 tokens: 6 rows (wide_rows), except 5-8 on rows of at most 1 KiB (short_rows) and 5-6 on longer
     // ones (long_rows). 6 rows x 4 tokens fills 24 of 32 registers (measured ~10% faster than 4 x 4 for bf16
     // on one thread); 6 x 3 at 3 tokens (bf16 512x2048 from DRAM: 66-68 us against 71-73 with 4 x 3). fp8
