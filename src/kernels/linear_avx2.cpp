@@ -30,8 +30,9 @@ struct Avx2 {
   }
   static void store(float* p, Reg v) { _mm256_storeu_ps(p, v); }
   static Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
-  static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
-  static void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
+  // always_inline, like every function or lambda that only prefetches (linear_simd.h, dot_rows): GCC counts
+  // a prefetch as free of side effects, deems such a function pure and deletes its calls before inlining.
+  __attribute__((always_inline)) static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
   static float hsum(Reg v) {
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     b = _mm_add_ps(b, _mm_movehl_ps(b, b));

@@ -26,8 +26,9 @@ struct Avx512 {
   static Reg load_tail(const float* p, int n) { return _mm512_maskz_loadu_ps(tail_mask(n), p); }
   static void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
   static Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
-  static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
-  static void prefetch_l2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
+  // always_inline, like every function or lambda that only prefetches (linear_simd.h, dot_rows): GCC counts
+  // a prefetch as free of side effects, deems such a function pure and deletes its calls before inlining.
+  __attribute__((always_inline)) static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
   // The fixed 16-lane tree (avx512_hsum.h) of acc[r][t] into y[t * ldy + r], and of M tokens'
   // accumulators parked as [t][r][lanes]: up to 16 reduced together, each sum bitwise hsum16's (one
   // thread, bf16 2048x512 at 8 tokens: 94 -> 86 us).

@@ -14,11 +14,11 @@
 // weight_at() defines them (fp8 value * block scale, rounded once), element by element.
 //
 // Loop structure (linear_rows): tokens in macro-blocks of up to kMaxMacroTokens (their x rows stay in
-// L2). 1-2 tokens: kRuns runs of consecutive rows, one row of each at a time, every run read as one long
-// stream (run_kernel). More: row blocks (3 to 8 rows, by token count, row length and dtype), then one
-// register-blocked pass for 3-4 tokens (micro_kernel), one for 5-6 (short_rows on rows of at most 1 KiB,
-// long_rows on longer ones), two for 7-8 (wide_rows, or short_rows; fp8 rows longer than 1 KiB: one,
-// three_rows), or, for more, fp32 panels of the rows shared by micro-blocks of 3-4 tokens
+// L2). 1-2 tokens (AVX-512: 1-3, fp8 1-4): kRuns runs of consecutive rows, one row of each at a time, every
+// run read as one long stream (run_kernel). More: row blocks (3 to 8 rows, by token count, row length and
+// dtype), then one register-blocked pass for 3-4 tokens (micro_kernel), one for 5-6 (short_rows on rows of
+// at most 1 KiB, long_rows on longer ones), two for 7-8 (wide_rows, or short_rows; fp8 rows longer than
+// 1 KiB: one, three_rows), or, for more, fp32 panels of the rows shared by micro-blocks of 3-4 tokens
 // (row_block_panel). Each weight row is streamed from memory once per macro-block.
 #pragma once
 
@@ -94,6 +94,9 @@ struct RowCursor<V, DType::kF8E4M3> {
 
 // The dot products of R rows (cursors set) with tokens x[0 .. T) into acc (zeroed first), block of 128
 // columns by block; before each block's reads, prefetch(kb, kend) streams weights in under the FMAs.
+// The prefetch lambdas are always_inline: GCC counts a prefetch as free of side effects, deems a lambda
+// that only prefetches pure and deletes its calls before it would inline them (GCC 12 -O3 dropped every
+// prefetch of these kernels that way, and the int4 kernels ran up to 3x slower until theirs were inline).
 template <class V, DType D, int R, int T, class Prefetch>
 inline void dot_rows(const float* x, int64_t ldx, int64_t K, RowCursor<V, D> (&rows)[R], typename V::Reg (&acc)[R][T],
                      Prefetch&& prefetch) {
@@ -160,7 +163,7 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) rows[r].set(w, n + r);
   typename V::Reg acc[R][T];
-  dot_rows<V, D, R, T>(x, ldx, K, rows, acc, [&](int64_t kb, int64_t kend) {
+  dot_rows<V, D, R, T>(x, ldx, K, rows, acc, [&](int64_t kb, int64_t kend) __attribute__((always_inline)) {
     // The part of the row block lead_rows further on that matches this block's columns (streamed in below
     // at the rate this one is consumed).
     const char* next_from = next + kb * kBlockColBytes;
@@ -175,12 +178,6 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
           if (p + r * K * es < end) V::prefetch(p + r * K * es);
         for (col += 64 / es; col >= K; col -= K) ++blk;
       }
-      // With 3 tokens a step has fewer FMAs than with 4, so the column lead covers less time than a DRAM
-      // read takes: the next row block also goes to L2, and the lead's prefetches find it there (one thread,
-      // from DRAM, 3 tokens: bf16 512x2048 66.6 -> 59.4 us, 2048x512 61.8 -> 55.7, f32 512x2048 157 -> 144;
-      // 4 tokens measured no faster, 5-6 slower).
-      if constexpr (T == 3)
-        for (; next_from < next_to; next_from += 64) V::prefetch_l2(next_from);
     } else {
       // The hardware prefetchers lose the R short row streams at every row block (a bf16 row of 2048 is
       // one 4 KiB page), so stream the next row block in at the rate this one is consumed (T0 measured best,
@@ -191,8 +188,15 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
   V::template hsum_acc<R, T>(acc, y, ldy);
 }
 
-inline constexpr int64_t kRuns = 4;  // streams of the 1-2 token path (see run_kernel)
+inline constexpr int64_t kRuns = 4;  // streams of the few-token path (see run_kernel)
 inline constexpr int64_t kRunLeadBytes = 2048;
+// The token counts run_kernel takes: 1-2, and on AVX-512 3 (4 x 3 accumulators), and 4 for fp8. One thread,
+// from DRAM, runs against the 6-row blocks with a column lead they replaced at 3 tokens: bf16 512x2048
+// 97-103 -> 88 us, 2048x512 83 -> 78, f32 512x2048 207-216 -> 174; fp8 2048x7168 at 3 / 4 tokens against
+// 4-row blocks: 1283 / 1432 -> 966 / 1137 us. bf16 and f32 at 4 tokens measured 4-10% slower as runs, and
+// AVX2 (2 tokens a pass) no faster at 3-4.
+template <class V, DType D>
+inline constexpr int64_t kRunTokens = V::kTokens < 4 ? 2 : D == DType::kF8E4M3 ? 4 : 3;
 
 // y[t * ldy + r * run] for t < T, r < R: rows n + r * run of w against tokens x[0 .. T), for the R runs
 // of `run` consecutive rows that a caller walks with n, n + 1, ... Each run is read front to back as one
@@ -216,7 +220,7 @@ void run_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, int
     ahead[r] = static_cast<const char*>(w.data) + (n + r * run) * K * es + kRunLeadBytes;
   }
   typename V::Reg acc[R][T];
-  dot_rows<V, D, R, T>(x, ldx, K, rows, acc, [&](int64_t kb, int64_t kend) {
+  dot_rows<V, D, R, T>(x, ldx, K, rows, acc, [&](int64_t kb, int64_t kend) __attribute__((always_inline)) {
     for (int64_t c = kb * es; c < kend * es; c += 64)
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r)
@@ -229,7 +233,7 @@ void run_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, int
 }
 
 inline constexpr int64_t kMaxMacroTokens = 32;
-inline constexpr int64_t kRowLeadBytes = 1536;  // per row, 3-4 tokens (see wide_rows)
+inline constexpr int64_t kRowLeadBytes = 1536;  // per row, 4 tokens (see wide_rows)
 inline constexpr int64_t kShortRowLeadBytes = 16 << 10;  // 5-8 tokens on short rows (see short_rows)
 inline constexpr int64_t kLongRowLeadBytes = 2048;  // per row, 5-6 tokens on long rows (see long_rows)
 inline constexpr int64_t kPanelCols = 512;  // a multiple of kScaleBlock
@@ -338,30 +342,22 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
   V::template hsum_mem<R>(acc_mem, M, y, ldy);
 }
 
-// R rows against 3 <= M <= 8 tokens: one register-blocked pass of up to 4 tokens, and for 5-8 a second
-// pass over tokens [4, M) that re-reads the R rows from L1. Below 9 tokens this beats converting the rows
+// R rows against M = 4, 7 or 8 tokens: one register-blocked pass of 4 tokens, and for 7-8 a second pass
+// over tokens [4, M) that re-reads the R rows from L1. Below 9 tokens this beats converting the rows
 // into fp32 panels, whose store and reload the few tokens do not repay (one thread, bf16 weights from DRAM,
 // 6 rows: 512x2048 at 5-8 tokens 88-106 us against 99-113 us; 2048x512 78-101 us against 109-125 us).
 //
-// With 3-4 tokens (one pass) the rows are streamed in kRowLeadBytes per row ahead of the reads rather than a
-// whole row block ahead: the block's prefetched 24 KiB (6 bf16 rows of 2048) pushed the tokens' 24-32 KiB
-// of x out of the 48 KiB L1 at every block (one thread, bf16 from DRAM, 4 tokens: 512x2048 71-75 ->
-// 58-62 us, 2048x512 58-61 -> 54-56 us; 3 tokens: 512x2048 unchanged, 2048x512 56-58 -> 55-56 us). With
-// two passes it measured 8-15% slower, so 7-8 tokens keep the next-block stream (5-6: long_rows). 3 tokens
-// also stream the next row block into L2 (see micro_kernel).
+// With 4 tokens (one pass) the rows are streamed in kRowLeadBytes per row ahead of the reads rather than a
+// whole row block ahead: the block's prefetched 24 KiB (6 bf16 rows of 2048) pushed the tokens' 32 KiB of x
+// out of the 48 KiB L1 at every block (one thread, bf16 from DRAM: 512x2048 71-75 -> 58-62 us, 2048x512
+// 58-61 -> 54-56 us). With two passes it measured 8-15% slower, so 7-8 tokens keep the next-block stream
+// (5-6: long_rows; 3: run_kernel).
 template <class V, DType D, int R>
 void wide_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
-  const int64_t lead_cols = M <= 4 ? kRowLeadBytes / static_cast<int64_t>(dtype_size(D)) : 0;
-  const auto pass = [&](const float* xt, int64_t T, float* yt) {
-    switch (T) {
-      case 1: micro_kernel<V, D, R, 1>(xt, ldx, w, n, yt, ldy); break;
-      case 2: micro_kernel<V, D, R, 2>(xt, ldx, w, n, yt, ldy); break;
-      case 3: micro_kernel<V, D, R, 3>(xt, ldx, w, n, yt, ldy, R, lead_cols); break;
-      default: micro_kernel<V, D, R, 4>(xt, ldx, w, n, yt, ldy, R, lead_cols); break;
-    }
-  };
-  pass(x, std::min<int64_t>(M, 4), y);
-  if (M > 4) pass(x + 4 * ldx, M - 4, y + 4 * ldy);
+  if (M <= 4) return micro_kernel<V, D, R, 4>(x, ldx, w, n, y, ldy, R, kRowLeadBytes / static_cast<int64_t>(dtype_size(D)));
+  micro_kernel<V, D, R, 4>(x, ldx, w, n, y, ldy);
+  if (M == 7) return micro_kernel<V, D, R, 3>(x + 4 * ldx, ldx, w, n, y + 4 * ldy, ldy);
+  micro_kernel<V, D, R, 4>(x + 4 * ldx, ldx, w, n, y + 4 * ldy, ldy);
 }
 
 // 4 rows of at most 1 KiB (a down projection: bf16 K <= 512) against 5 <= M <= 8 tokens: one pass of 5-6
@@ -439,21 +435,26 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
     const float* xm = x + m0 * ldx;
     float* ym = y + m0 * ldy;
     int64_t n = n0;
-    // 1-2 tokens: kRuns runs of rows, each read as one stream (run_kernel), then the few rows left over.
-    if (mc <= 2) {
+    // Up to kRunTokens tokens: kRuns runs of rows, each read as one stream (run_kernel), then the few rows
+    // left over.
+    if (mc <= kRunTokens<V, D>) {
       const int64_t run = (n1 - n) / kRuns;
       for (int64_t i = 0; i < run; ++i, ++n) {
-        if (mc == 1) run_kernel<V, D, kRuns, 1>(xm, ldx, w, n, run, ym + (n - n0), ldy);
-        else run_kernel<V, D, kRuns, 2>(xm, ldx, w, n, run, ym + (n - n0), ldy);
+        float* yn = ym + (n - n0);
+        switch (mc) {
+          case 1: run_kernel<V, D, kRuns, 1>(xm, ldx, w, n, run, yn, ldy); break;
+          case 2: run_kernel<V, D, kRuns, 2>(xm, ldx, w, n, run, yn, ldy); break;
+          case 3: if constexpr (kRunTokens<V, D> >= 3) run_kernel<V, D, kRuns, 3>(xm, ldx, w, n, run, yn, ldy); break;
+          default: if constexpr (kRunTokens<V, D> >= 4) run_kernel<V, D, kRuns, 4>(xm, ldx, w, n, run, yn, ldy); break;
+        }
       }
       n += (kRuns - 1) * run;
     }
     const int64_t row_bytes = w.cols * static_cast<int64_t>(dtype_size(D));
-    // 3-8 tokens: 6 rows (wide_rows), except 5-8 on rows of at most 1 KiB (short_rows) and 5-6 on longer
-    // ones (long_rows). 6 rows x 4 tokens fills 24 of 32 registers (measured ~10% faster than 4 x 4 for bf16
-    // on one thread); 6 x 3 at 3 tokens (bf16 512x2048 from DRAM: 66-68 us against 71-73 with 4 x 3). fp8
-    // rows carry scale registers and stay at 4 (6 x 3-4 spilled them: one thread, fp8 2048x7168 in L3,
-    // 3 / 4 tokens 650 / 781 -> 828 / 886 us).
+    // Past the runs, to 8 tokens: 6 rows (wide_rows), except 5-8 on rows of at most 1 KiB (short_rows) and
+    // 5-6 on longer ones (long_rows). 6 rows x 4 tokens fills 24 of 32 registers (measured ~10% faster than
+    // 4 x 4 for bf16 on one thread). fp8 rows carry scale registers and stay at 3-4 (6 x 3-4 spilled them:
+    // one thread, fp8 2048x7168 in L3, 3 / 4 tokens 650 / 781 -> 828 / 886 us).
     constexpr bool kWide = V::kWideBlocks && D != DType::kF8E4M3;
     constexpr bool kFp8Long = V::kWideBlocks && D == DType::kF8E4M3;  // one-pass blocks on long fp8 rows
     if (kWide && mc >= 5 && mc <= 8 && row_bytes <= 1024)
@@ -462,7 +463,7 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
       for (; n + 4 <= n1; n += 4) long_rows<V, D>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     if (kFp8Long && mc >= 7 && mc <= 8 && row_bytes > 1024)
       for (; n + 3 <= n1; n += 3) three_rows<V, D>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
-    if (kWide && mc >= 3 && mc <= 8)
+    if (kWide && mc >= 4 && mc <= 8)
       for (; n + 6 <= n1; n += 6) wide_rows<V, D, 6>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     // Wide panels (8 rows x 3 tokens, FMAs on L1-resident panel rows) halve the x traffic per FMA. With
     // the next row block streamed under all micro-blocks they are the faster choice from 9 tokens on, and
