@@ -21,6 +21,7 @@
 #include <cstring>
 
 #include "kernels/dtype.h"
+#include "kernels/int4_rows.h"
 #include "kernels/linear_isa.h"
 
 namespace moe::detail {
@@ -31,16 +32,10 @@ constexpr int64_t kBlockCols = 64;  // 8 words
 constexpr int64_t kXtFloats = 32 * 1024;
 constexpr int kSubTokens = 2;  // 16 registers: 2 tokens per pass
 
-struct Int4Rows {
-  const uint32_t* words = nullptr;
-  const uint16_t* scales = nullptr;
-  int64_t words_per_row = 0, scales_per_row = 0, blocks = 0, group = 0;
-};
-
 inline float scale_at(const uint16_t* row_scales, int64_t i, int64_t n) { return i < n ? bf16_to_f32(row_scales[i]) : 0.0f; }
 
 // Lane l = the scale of column 64b + 8l; zero past K.
-inline __m256 scale_vector(const Int4Rows& w, const uint16_t* row_scales, int64_t b) {
+inline __m256 scale_vector(const Int4Matrix& w, const uint16_t* row_scales, int64_t b) {
   if (w.group == 32) {
     const __m128 lo = _mm_set1_ps(scale_at(row_scales, 2 * b, w.scales_per_row));
     const __m128 hi = _mm_set1_ps(scale_at(row_scales, 2 * b + 1, w.scales_per_row));
@@ -61,12 +56,24 @@ inline __m256i word_mask(int64_t left) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kOnes + 8 - left));
 }
 
+// y[t * ldy + r * run] for t < T, r < R: rows n + r * run against T tokens of xt (ldxt floats apart), the
+// weights streamed in as Int4Prefetch says.
 template <int R, int T>
-void micro(const float* xt, int64_t ldxt, const Int4Rows& w, int64_t n, int64_t rows_end, float* y, int64_t ldy,
-           bool prefetch) {
+void micro(const float* xt, int64_t ldxt, const Int4Matrix& w, RowRuns at, float* y, int64_t ldy) {
   const __m256i flip = _mm256_set1_epi32(static_cast<int>(0x88888888u));
-  const char* next = reinterpret_cast<const char*>(w.words + (n + R) * w.words_per_row);
-  const char* end = reinterpret_cast<const char*>(w.words + rows_end * w.words_per_row);
+  const char* words_end = reinterpret_cast<const char*>(w.words + w.rows * w.words_per_row);
+  const char* scales_end = reinterpret_cast<const char*>(w.scales + w.rows * w.scales_per_row);
+  const uint32_t* rows[R];
+  const uint16_t* srows[R];
+  const char *ahead[R], *sahead[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    rows[r] = w.words + (at.n + r * at.run) * w.words_per_row;
+    srows[r] = w.scales + (at.n + r * at.run) * w.scales_per_row;
+    ahead[r] = reinterpret_cast<const char*>(rows[r]) + kInt4RunLeadBytes;
+    sahead[r] = reinterpret_cast<const char*>(srows[r]) + w.scale_offset(kInt4RunLeadBytes / 4 / w.block_words);
+  }
+  const char* next = reinterpret_cast<const char*>(rows[0] + R * w.words_per_row);
   __m256 acc[R][T];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -77,16 +84,28 @@ void micro(const float* xt, int64_t ldxt, const Int4Rows& w, int64_t n, int64_t 
     __m256i wv[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const int* p = reinterpret_cast<const int*>(w.words + (n + r) * w.words_per_row + b * 8);
+      const int* p = reinterpret_cast<const int*>(rows[r] + b * 8);
       const __m256i words =
           left == 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskload_epi32(p, word_mask(left));
       wv[r] = _mm256_xor_si256(words, flip);  // every field f becomes the 4-bit two's complement of f - 8
     }
-    if (prefetch && (b & 1) == 0)  // one line per row every other block: the rate the rows are read
+    // A block is half a line per row: one line per row every other block, the rate the rows are read.
+    if ((b & 1) == 0) {
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const char* p = next + (b / 2 * R + r) * 64;
-        if (p < end) _mm_prefetch(p, _MM_HINT_T0);
+        // With runs, each row's own stream ahead (and its scales' line once every 64 bytes of them); with
+        // adjacent rows, the next R rows.
+        const char* p = at.run > 1 ? ahead[r] + b * 32 : next + (b / 2 * R + r) * 64;
+        if (p < words_end) _mm_prefetch(p, _MM_HINT_T0);
       }
+    }
+    if (at.run > 1) {
+      const int64_t s0 = w.scale_offset(b), s1 = w.scale_offset(b + 1);
+      if ((s0 >> 6) != (s1 >> 6) || b == 0)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+          if (sahead[r] + (s1 & ~int64_t{63}) < scales_end) _mm_prefetch(sahead[r] + (s1 & ~int64_t{63}), _MM_HINT_T0);
+    }
     const float* xb = xt + b * kBlockCols;
     __m256 part[R][T];  // this block's sum of x * value per lane, before the lane's group scale
 #pragma GCC unroll 8
@@ -105,13 +124,13 @@ void micro(const float* xt, int64_t ldxt, const Int4Rows& w, int64_t n, int64_t 
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m256 sv = scale_vector(w, w.scales + (n + r) * w.scales_per_row, b);
+      const __m256 sv = scale_vector(w, srows[r], b);
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(part[r][t], sv, acc[r][t]);
     }
   }
   for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; ++r) y[t * ldy + r] = hsum8(acc[r][t]);
+    for (int r = 0; r < R; ++r) y[t * ldy + r * at.run] = hsum8(acc[r][t]);
 }
 
 void transpose_x(const float* x, int64_t T, int64_t ldx, int64_t K, float* xt, int64_t ldxt) {
@@ -126,13 +145,12 @@ void transpose_x(const float* x, int64_t T, int64_t ldx, int64_t K, float* xt, i
   }
 }
 
+// Rows at.n + r * at.run (r < R) against all T tokens, in passes of up to 2.
 template <int R>
-void rows_pass(const float* xt, int64_t T, int64_t ldxt, const Int4Rows& w, int64_t n, int64_t n1, float* y,
-               int64_t ldy) {
+void rows_pass(const float* xt, int64_t T, int64_t ldxt, const Int4Matrix& w, RowRuns at, float* y, int64_t ldy) {
   for (int64_t t = 0; t < T; t += kSubTokens) {
-    const bool pf = t == 0;
-    if (T - t == 1) micro<R, 1>(xt + t * ldxt, ldxt, w, n, n1, y + t * ldy, ldy, pf);
-    else micro<R, 2>(xt + t * ldxt, ldxt, w, n, n1, y + t * ldy, ldy, pf);
+    if (T - t == 1) micro<R, 1>(xt + t * ldxt, ldxt, w, at, y + t * ldy, ldy);
+    else micro<R, 2>(xt + t * ldxt, ldxt, w, at, y + t * ldy, ldy);
   }
 }
 
@@ -142,25 +160,24 @@ void linear_int4_avx2(const float* x, int64_t M, int64_t ldx, const WeightView& 
                       int64_t ldy) {
   const int64_t K = w.cols, blocks = (K + kBlockCols - 1) / kBlockCols, ldxt = blocks * kBlockCols;
   if (ldxt > kXtFloats) return linear_scalar(x, M, ldx, w, n0, n1, y, ldy);
-  Int4Rows rows;
-  rows.words = static_cast<const uint32_t*>(w.data);
-  rows.scales = w.group_scale;
-  rows.words_per_row = K / 8;
-  rows.scales_per_row = K / w.group_size;
-  rows.blocks = blocks;
-  rows.group = w.group_size;
+  const Int4Matrix rows(w, kBlockCols / 8);
   alignas(32) float xt[kXtFloats];
   const int64_t macro = std::max<int64_t>(1, kXtFloats / ldxt);
   for (int64_t m0 = 0; m0 < M; m0 += macro) {
     const int64_t T = std::min(macro, M - m0);
     transpose_x(x + m0 * ldx, T, ldx, K, xt, ldxt);
     float* ym = y + m0 * ldy;
-    // 1 token: 3 rows (3 accumulators, 3 block sums, 3 words of 16 registers); more: 2 rows x 2 tokens.
+    // 1 token: 4 runs of consecutive rows, one row of each at a time, each run read as one long stream (4
+    // accumulators, 4 block sums, 4 words of 16 registers). More: 2 adjacent rows x 2 tokens.
     int64_t n = n0;
-    if (T == 1)
-      for (; n + 3 <= n1; n += 3) rows_pass<3>(xt, T, ldxt, rows, n, n1, ym + (n - n0), ldy);
-    for (; n + 2 <= n1; n += 2) rows_pass<2>(xt, T, ldxt, rows, n, n1, ym + (n - n0), ldy);
-    for (; n < n1; ++n) rows_pass<1>(xt, T, ldxt, rows, n, n1, ym + (n - n0), ldy);
+    if (T == 1) {
+      constexpr int kRuns = 4;
+      const int64_t run = (n1 - n) / kRuns;
+      for (int64_t i = 0; i < run; ++i, ++n) rows_pass<kRuns>(xt, T, ldxt, rows, {n, run}, ym + (n - n0), ldy);
+      n += (kRuns - 1) * run;
+    }
+    for (; n + 2 <= n1; n += 2) rows_pass<2>(xt, T, ldxt, rows, {n, 1}, ym + (n - n0), ldy);
+    for (; n < n1; ++n) rows_pass<1>(xt, T, ldxt, rows, {n, 1}, ym + (n - n0), ldy);
   }
 }
 

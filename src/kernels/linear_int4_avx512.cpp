@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "kernels/avx512_hsum.h"
+#include "kernels/int4_rows.h"
 #include "kernels/linear_isa.h"
 
 namespace moe::detail {
@@ -35,11 +36,14 @@ namespace {
 constexpr int64_t kBlockCols = 128;  // 16 words
 constexpr int64_t kXtFloats = 32 * 1024;  // transposed x of up to this many floats: 128 KiB of stack
 
-struct Int4Rows {
-  const uint32_t* words = nullptr;
-  const uint16_t* scales = nullptr;
-  int64_t K = 0, words_per_row = 0, scales_per_row = 0, blocks = 0, group = 0;
-  __m512i lane_scale;  // lane l's scale within a block's group scales (group <= 128)
+// The matrix and, for groups under 128 columns, lane l's scale within a block's group scales.
+struct Int4Rows : Int4Matrix {
+  __m512i lane_scale;
+  explicit Int4Rows(const WeightView& w) : Int4Matrix(w, kBlockCols / 8) {
+    const int words_per_group = static_cast<int>(std::min<int64_t>(w.group_size, kBlockCols) / 8);
+    lane_scale = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                   static_cast<unsigned>(__builtin_ctz(static_cast<unsigned>(words_per_group))));
+  }
 };
 
 // The scale vector of `row`'s block b: lane l = scale of column 128b + 8l; zero past K.
@@ -55,61 +59,106 @@ inline __m512 scale_vector(const Int4Rows& w, const uint16_t* row_scales, int64_
   return _mm512_castsi512_ps(_mm512_permutexvar_epi32(w.lane_scale, s));
 }
 
-// y[t * ldy + r] for t < T, r < R: rows n .. n+R against T tokens of xt (ldxt floats apart). With
-// `prefetch`, the next R rows are streamed in at the rate these are consumed.
-template <int R, int T>
-void micro(const float* xt, int64_t ldxt, const Int4Rows& w, int64_t n, int64_t rows_end, float* y, int64_t ldy,
-           bool prefetch) {
+// y[t * ldy + r * run] for t < T, r < R: rows n + r * run against T tokens of xt (ldxt floats apart). Streamed
+// in: with runs, each row's words kInt4RunLeadBytes ahead of its reads (on into that run's next row) and its
+// scales as far ahead in their own array; with adjacent rows, the next R rows at the rate these are read. NB
+// blocks run at once: their block sums are independent FMA chains, each added to the accumulator in block
+// order, so the bits do not depend on NB.
+template <int R, int T, int NB>
+void micro(const float* xt, int64_t ldxt, const Int4Rows& w, RowRuns at, float* y, int64_t ldy) {
   // Field f -> f - 8 as fp32: vpermps reads the low 4 bits of each lane of the shifted word.
   const __m512 values = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  const char* words_end = reinterpret_cast<const char*>(w.words + w.rows * w.words_per_row);
+  const char* scales_end = reinterpret_cast<const char*>(w.scales + w.rows * w.scales_per_row);
   const uint32_t* rows[R];
   const uint16_t* srows[R];
+  const char *ahead[R], *sahead[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-    rows[r] = w.words + (n + r) * w.words_per_row;
-    srows[r] = w.scales + (n + r) * w.scales_per_row;
+    rows[r] = w.words + (at.n + r * at.run) * w.words_per_row;
+    srows[r] = w.scales + (at.n + r * at.run) * w.scales_per_row;
+    ahead[r] = reinterpret_cast<const char*>(rows[r]) + kInt4RunLeadBytes;
+    sahead[r] = reinterpret_cast<const char*>(srows[r]) + w.scale_offset(kInt4RunLeadBytes / 4 / w.block_words);
   }
-  const char* next = reinterpret_cast<const char*>(w.words + (n + R) * w.words_per_row);
-  const char* end = reinterpret_cast<const char*>(w.words + rows_end * w.words_per_row);
+  const char* next = reinterpret_cast<const char*>(rows[0] + R * w.words_per_row);
   __m512 acc[R][T];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < w.blocks; ++b) {
-    const int64_t left = std::min<int64_t>(16, w.words_per_row - b * 16);
-    const __mmask16 m = static_cast<__mmask16>((1u << left) - 1u);
-    __m512i wv[R];
+  // NB blocks from b on (nb of them are real).
+  const auto blocks = [&](int64_t b, auto nb_c) {
+    constexpr int nb = decltype(nb_c)::value;
+    __m512i wv[nb][R];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) wv[r] = _mm512_maskz_loadu_epi32(m, rows[r] + b * 16);
-    if (prefetch)
-      for (int r = 0; r < R; ++r) {
-        const char* p = next + (b * R + r) * 64;
-        if (p < end) _mm_prefetch(p, _MM_HINT_T0);
-      }
-    const float* xb = xt + b * kBlockCols;
-    __m512 part[R][T];  // this block's sum of x * value per lane, before the lane's group scale
+    for (int j = 0; j < nb; ++j) {
+      const int64_t left = std::min<int64_t>(16, w.words_per_row - (b + j) * 16);
+      const __mmask16 m = static_cast<__mmask16>((1u << left) - 1u);
 #pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) {
-      __m512 xv[T];
-#pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) xv[t] = _mm512_loadu_ps(xb + t * ldxt + i * 16);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const __m512i q = i == 0 ? wv[r] : _mm512_srli_epi32(wv[r], static_cast<unsigned>(4 * i));
-        const __m512 v = _mm512_permutexvar_ps(q, values);
-#pragma GCC unroll 8
-        for (int t = 0; t < T; ++t) part[r][t] = i == 0 ? _mm512_mul_ps(xv[t], v) : _mm512_fmadd_ps(xv[t], v, part[r][t]);
-      }
+      for (int r = 0; r < R; ++r) wv[j][r] = _mm512_maskz_loadu_epi32(m, rows[r] + (b + j) * 16);
     }
+    if (at.run > 1) {
+      // One line of words per row per block, and the scales' line once every 64 bytes of them.
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512 sv = scale_vector(w, srows[r], b);
+      for (int j = 0; j < nb; ++j)
 #pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_fmadd_ps(part[r][t], sv, acc[r][t]);
+        for (int r = 0; r < R; ++r) {
+          const char* p = ahead[r] + (b + j) * 64;
+          if (p < words_end) _mm_prefetch(p, _MM_HINT_T0);
+          const int64_t s0 = w.scale_offset(b + j), s1 = w.scale_offset(b + j + 1);
+          if ((s0 >> 6) != (s1 >> 6) || b + j == 0) {
+            const char* q = sahead[r] + (s1 & ~int64_t{63});
+            if (q < scales_end) _mm_prefetch(q, _MM_HINT_T0);
+          }
+        }
+    } else {
+      // Adjacent rows: the next R rows' words, at the rate these are read.
+#pragma GCC unroll 8
+      for (int j = 0; j < nb; ++j)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const char* p = next + ((b + j) * R + r) * 64;
+          if (p < words_end) _mm_prefetch(p, _MM_HINT_T0);
+        }
     }
+    __m512 part[nb][R][T];  // each block's sum of x * value per lane, before the lane's group scale
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i)
+#pragma GCC unroll 8
+      for (int j = 0; j < nb; ++j) {
+        const float* xb = xt + (b + j) * kBlockCols;
+        __m512 xv[T];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) xv[t] = _mm512_loadu_ps(xb + t * ldxt + i * 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const __m512i q = i == 0 ? wv[j][r] : _mm512_srli_epi32(wv[j][r], static_cast<unsigned>(4 * i));
+          const __m512 v = _mm512_permutexvar_ps(q, values);
+#pragma GCC unroll 8
+          for (int t = 0; t < T; ++t)
+            part[j][r][t] = i == 0 ? _mm512_mul_ps(xv[t], v) : _mm512_fmadd_ps(xv[t], v, part[j][r][t]);
+        }
+      }
+#pragma GCC unroll 8
+    for (int j = 0; j < nb; ++j)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512 sv = scale_vector(w, srows[r], b + j);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) acc[r][t] = _mm512_fmadd_ps(part[j][r][t], sv, acc[r][t]);
+      }
+  };
+  int64_t b = 0;
+  for (; b + NB <= w.blocks; b += NB) blocks(b, std::integral_constant<int, NB>{});
+  for (; b < w.blocks; ++b) blocks(b, std::integral_constant<int, 1>{});
+  if (at.run == 1) {
+    hsum16_acc<R, T>(acc, y, ldy);
+  } else {
+    float sums[T * R];
+    hsum16_acc<R, T>(acc, sums, R);
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) y[t * ldy + r * at.run] = sums[t * R + r];
   }
-  hsum16_acc<R, T>(acc, y, ldy);
 }
 
 // Transposes T tokens of x into xt (see the file comment), each token's blocks*128 floats ldxt apart.
@@ -127,13 +176,15 @@ void transpose_x(const float* x, int64_t T, int64_t ldx, int64_t K, int64_t bloc
     }
 }
 
-// Rows n .. n+R against all T tokens, in passes of up to P tokens.
+// Rows at.n + r * at.run (r < R) against all T tokens, in passes of up to P tokens; two blocks at once for
+// one token.
 template <int R, int P>
-void rows_pass(const float* xt, int64_t T, int64_t ldxt, const Int4Rows& w, int64_t n, int64_t n1, float* y,
+void rows_pass(const float* xt, int64_t T, int64_t ldxt, const Int4Rows& w, RowRuns at, float* y,
                int64_t ldy) {
   for (int64_t t = 0; t < T; t += P) {
     const auto pass = [&](auto tokens) {
-      micro<R, decltype(tokens)::value>(xt + t * ldxt, ldxt, w, n, n1, y + t * ldy, ldy, t == 0);
+      constexpr int tc = decltype(tokens)::value;
+      micro<R, tc, tc == 1 ? 2 : 1>(xt + t * ldxt, ldxt, w, at, y + t * ldy, ldy);
     };
     const int64_t tc = std::min<int64_t>(P, T - t);
     if constexpr (P == 1) {
@@ -141,23 +192,13 @@ void rows_pass(const float* xt, int64_t T, int64_t ldxt, const Int4Rows& w, int6
     } else if constexpr (P == 2) {
       if (tc == 1) pass(std::integral_constant<int, 1>{});
       else pass(std::integral_constant<int, 2>{});
-    } else if constexpr (P == 4) {
+    } else {
+      static_assert(P == 4);
       switch (tc) {
         case 1: pass(std::integral_constant<int, 1>{}); break;
         case 2: pass(std::integral_constant<int, 2>{}); break;
         case 3: pass(std::integral_constant<int, 3>{}); break;
         default: pass(std::integral_constant<int, 4>{}); break;
-      }
-    } else {
-      switch (tc) {
-        case 1: pass(std::integral_constant<int, 1>{}); break;
-        case 2: pass(std::integral_constant<int, 2>{}); break;
-        case 3: pass(std::integral_constant<int, 3>{}); break;
-        case 4: pass(std::integral_constant<int, 4>{}); break;
-        case 5: pass(std::integral_constant<int, 5>{}); break;
-        case 6: pass(std::integral_constant<int, 6>{}); break;
-        case 7: pass(std::integral_constant<int, 7>{}); break;
-        default: pass(std::integral_constant<int, 8>{}); break;
       }
     }
   }
@@ -170,33 +211,28 @@ void linear_int4_avx512(const float* x, int64_t M, int64_t ldx, const WeightView
   const int64_t K = w.cols, blocks = (K + kBlockCols - 1) / kBlockCols, ldxt = blocks * kBlockCols;
   // Rows longer than the transposed-x buffer (K > 32768, no model here has them) take the scalar path.
   if (ldxt > kXtFloats) return linear_scalar(x, M, ldx, w, n0, n1, y, ldy);
-  Int4Rows rows;
-  rows.words = static_cast<const uint32_t*>(w.data);
-  rows.scales = w.group_scale;
-  rows.K = K;
-  rows.words_per_row = K / 8;
-  rows.scales_per_row = K / w.group_size;
-  rows.blocks = blocks;
-  rows.group = w.group_size;
-  const int words_per_group = static_cast<int>(std::min<int64_t>(w.group_size, kBlockCols) / 8);
-  rows.lane_scale = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                      static_cast<unsigned>(__builtin_ctz(static_cast<unsigned>(words_per_group))));
+  const Int4Rows rows(w);
   alignas(64) float xt[kXtFloats];
   const int64_t macro = std::max<int64_t>(1, kXtFloats / ldxt);
   for (int64_t m0 = 0; m0 < M; m0 += macro) {
     const int64_t T = std::min(macro, M - m0);
     transpose_x(x + m0 * ldx, T, ldx, K, blocks, xt, ldxt);
     float* ym = y + m0 * ldy;
-    // Row blocks with their R x T block sums and accumulators in registers (at most 8 + 8 of 32): 6 rows x
-    // 1 token, 4 x 2, and from 3 tokens 2 rows in passes of 4 tokens (re-decoding the rows from L1 for
-    // each pass: 1 row x 8 tokens, one decoding for all, measured slower, its x loads feeding one FMA each).
+    // 1-2 tokens: 4 runs of consecutive rows, one row of each at a time, each run read as one long stream
+    // (the float kernels' run_kernel); 4 rows x 1 token x 2 blocks or 4 x 2 x 1 keep 8 block sums in flight.
+    // One thread, from DRAM, against 6 and 4 adjacent rows: 512x2048 at 1 / 2 tokens 44-50 / 50-63 ->
+    // 29-32 / 40-44 us, 2048x7168 765-900 / 860-1135 -> 410-427 / 547-565 us. From 3 tokens 2 rows in
+    // passes of 4 tokens (re-decoding the rows from L1 for each pass: 1 row x 8 tokens, one decoding for
+    // all, measured slower, its x loads feeding one FMA each). Rows left over go one at a time.
     int64_t n = n0;
-    if (T == 1)
-      for (; n + 6 <= n1; n += 6) rows_pass<6, 1>(xt, T, ldxt, rows, n, n1, ym + (n - n0), ldy);
-    if (T <= 2)
-      for (; n + 4 <= n1; n += 4) rows_pass<4, 2>(xt, T, ldxt, rows, n, n1, ym + (n - n0), ldy);
-    for (; n + 2 <= n1; n += 2) rows_pass<2, 4>(xt, T, ldxt, rows, n, n1, ym + (n - n0), ldy);
-    for (; n < n1; ++n) rows_pass<1, 4>(xt, T, ldxt, rows, n, n1, ym + (n - n0), ldy);
+    if (T <= 2) {
+      constexpr int kRuns = 4;
+      const int64_t run = (n1 - n) / kRuns;
+      for (int64_t i = 0; i < run; ++i, ++n) rows_pass<kRuns, 2>(xt, T, ldxt, rows, {n, run}, ym + (n - n0), ldy);
+      n += (kRuns - 1) * run;
+    }
+    for (; n + 2 <= n1; n += 2) rows_pass<2, 4>(xt, T, ldxt, rows, {n, 1}, ym + (n - n0), ldy);
+    for (; n < n1; ++n) rows_pass<1, 4>(xt, T, ldxt, rows, {n, 1}, ym + (n - n0), ldy);
   }
 }
 

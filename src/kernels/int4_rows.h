@@ -1,0 +1,48 @@
+// The packed rows of an int4 matrix as the int4 kernels walk them (internal to moe_kernels; included by
+// linear_int4_avx512.cpp and linear_int4_avx2.cpp). Those files are compiled with different target flags, so
+// everything here has internal linkage: no copy built for one ISA is linked into the other.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/weight.h"
+
+namespace moe::detail {
+namespace {
+
+// An int4 WeightView's arrays, walked in blocks of block_words words (block_words * 8 columns) per row.
+struct Int4Matrix {
+  const uint32_t* words = nullptr;
+  const uint16_t* scales = nullptr;
+  int64_t rows = 0, words_per_row = 0, scales_per_row = 0, blocks = 0, group = 0, block_words = 0;
+  int group_shift = 0;  // log2(group): group is a power of two
+
+  // Byte offset in a row's scales of the scale of block b's first column.
+  int64_t scale_offset(int64_t b) const { return ((b * block_words * 8) >> group_shift) * 2; }
+
+  Int4Matrix(const WeightView& w, int64_t block_words_)
+      : words(static_cast<const uint32_t*>(w.data)),
+        scales(w.group_scale),
+        rows(w.rows),
+        words_per_row(w.cols / 8),
+        scales_per_row(w.cols / w.group_size),
+        blocks((w.cols / 8 + block_words_ - 1) / block_words_),
+        group(w.group_size),
+        block_words(block_words_),
+        group_shift(__builtin_ctzll(static_cast<unsigned long long>(w.group_size))) {}
+};
+
+// R rows n + r * run, r < R. run == 1: R adjacent rows. run > 1: one row of each of R runs of `run`
+// consecutive rows, which a caller walks with n, n + 1, ..., so that each run is read as one long stream,
+// as the float kernels' run_kernel (linear_simd.h) reads them.
+struct RowRuns {
+  int64_t n = 0, run = 1;
+};
+
+// With runs, each row's words are streamed this far ahead of its reads (on into the run's next row), and its
+// scales as far ahead in their own array.
+inline constexpr int64_t kInt4RunLeadBytes = 2048;
+
+}  // namespace
+}  // namespace moe::detail
