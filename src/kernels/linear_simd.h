@@ -14,12 +14,13 @@
 // weight_at() defines them (fp8 value * block scale, rounded once), element by element.
 //
 // Loop structure (linear_rows): tokens in macro-blocks of up to kMaxMacroTokens (their x rows stay in
-// L2). 1-2 tokens (AVX-512: 1-3, fp8 1-4): kRuns runs of consecutive rows, one row of each at a time, every
-// run read as one long stream (run_kernel). More: row blocks (3 to 8 rows, by token count, row length and
-// dtype), then one register-blocked pass for 3-4 tokens (micro_kernel), one for 5-6 (short_rows on rows of
-// at most 1 KiB, long_rows on longer ones), two for 7-8 (wide_rows, or short_rows; fp8 rows longer than
-// 1 KiB: one, three_rows), or, for more, fp32 panels of the rows shared by micro-blocks of 3-4 tokens
-// (row_block_panel). Each weight row is streamed from memory once per macro-block.
+// L2). Up to kRunTokens tokens (3 to 8, by ISA and dtype): 3-4 runs of consecutive rows, one row of each
+// at a time, every run read as one long stream (run_kernel, run_rows). More: row blocks (3 to 8 rows, by
+// token count, row length and dtype), then one register-blocked pass for 4 tokens (micro_kernel), one for
+// 5-6 (short_rows on rows of at most 1 KiB, long_rows on longer ones), two for 7-8 (wide_rows, or
+// short_rows; fp8 rows longer than 1 KiB: one, three_rows), or, for more, fp32 panels of the rows shared by
+// micro-blocks of 3-4 tokens (row_block_panel). Each weight row is streamed from memory once per
+// macro-block.
 #pragma once
 
 #include <algorithm>
@@ -188,25 +189,28 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
   V::template hsum_acc<R, T>(acc, y, ldy);
 }
 
-inline constexpr int64_t kRuns = 4;  // streams of the few-token path (see run_kernel)
 inline constexpr int64_t kRunLeadBytes = 2048;
-// The token counts run_kernel takes: 1-2, and on AVX-512 3 (4 x 3 accumulators), and 4 for fp8. One thread,
-// from DRAM, runs against the 6-row blocks with a column lead they replaced at 3 tokens: bf16 512x2048
-// 97-103 -> 88 us, 2048x512 83 -> 78, f32 512x2048 207-216 -> 174; fp8 2048x7168 at 3 / 4 tokens against
-// 4-row blocks: 1283 / 1432 -> 966 / 1137 us. bf16 and f32 at 4 tokens measured 4-10% slower as runs, and
-// AVX2 (2 tokens a pass) no faster at 3-4.
+// Up to how many tokens the rows go as runs (run_rows): on AVX-512 3, and 4 for fp8; on AVX2 8, and 4 for
+// fp8 (whose panels, decoded once for all tokens, win from 5). One thread, from DRAM, medians of interleaved
+// runs against the blocks they replaced: AVX-512 at 3 tokens (6 rows, a column lead and an L2 stream) bf16
+// 512x2048 126-136 -> 94 us and f32 230-243 -> 188 in a slow memory mode, 68 -> 71 and 143 -> 147 in a
+// fast one, 2048x512 87-98 -> 95; fp8 2048x7168 at 3 / 4 tokens (4 rows) 968 / 1155 -> 908 / 1070 us;
+// AVX2 (4 rows in passes of 2 tokens, panels from 5) bf16 512x2048 at 3 / 4 / 5 / 8 tokens 114 / 129 /
+// 199 / 259 -> 79 / 105 / 146 / 204 us, f32 189 / 198 / 271 / 324 -> 134 / 141 / 214 / 248 us, fp8 at
+// 3 / 4 3120 / 3377 -> 1972 / 2117 us. On AVX-512, bf16 and f32 measured 4-10% slower as runs at 4 tokens,
+// and mixed at 5-8 in passes.
 template <class V, DType D>
-inline constexpr int64_t kRunTokens = V::kTokens < 4 ? 2 : D == DType::kF8E4M3 ? 4 : 3;
+inline constexpr int64_t kRunTokens = D == DType::kF8E4M3 ? 4 : V::kTokens < 4 ? 8 : 3;
 
 // y[t * ldy + r * run] for t < T, r < R: rows n + r * run of w against tokens x[0 .. T), for the R runs
-// of `run` consecutive rows that a caller walks with n, n + 1, ... Each run is read front to back as one
-// long stream, prefetched kRunLeadBytes ahead of its reads, on into its next row: the access pattern of
-// the bandwidth probe, which R adjacent rows are not (their streams end every R rows, and the hardware
-// prefetchers start over). One thread, weights from DRAM, 1 / 2 tokens, interleaved with the adjacent
-// 2-row blocks each 8 KiB ahead that this replaced: bf16 512x2048 108-138 / 113-121 -> 68-77 / 72-76 us
-// (avx512), 2048x512 92-97 / 91-94 -> 73-75 / 70-72 us; 0.84-0.88 of the read bandwidth at one token, one
-// and two threads, against 0.53-0.74. A lead of 1 KiB measured up to 10% slower, 4 KiB the same or slower;
-// 2 runs 20-40% slower, 6 and 8 slower.
+// of `run` consecutive rows that a caller walks with n, n + 1, ... (run_rows). Each run is read front to
+// back as one long stream, prefetched kRunLeadBytes ahead of its reads, on into its next row: the access
+// pattern of the bandwidth probe, which R adjacent rows are not (their streams end every R rows, and the
+// hardware prefetchers start over). One thread, weights from DRAM, 1 / 2 tokens, interleaved with the
+// adjacent 2-row blocks each 8 KiB ahead that this replaced: bf16 512x2048 108-138 / 113-121 -> 68-77 /
+// 72-76 us (avx512), 2048x512 92-97 / 91-94 -> 73-75 / 70-72 us; 0.84-0.88 of the read bandwidth at one
+// token, one and two threads, against 0.53-0.74. A lead of 1 KiB measured up to 10% slower, 4 KiB the same
+// or slower.
 template <class V, DType D, int R, int T>
 void run_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, int64_t run, float* y, int64_t ldy) {
   constexpr int64_t es = static_cast<int64_t>(dtype_size(D));
@@ -230,6 +234,35 @@ void run_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, int
   V::template hsum_acc<R, T>(acc, sums, R);
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < R; ++r) y[t * ldy + r * run] = sums[t * R + r];
+}
+
+// Rows [n, n1) as runs against M <= kRunTokens tokens, y at column n; returns the first row left over
+// (fewer than a run's count). 4 runs, or 3 on AVX2 from 3 tokens, so that 3 x 4 accumulators fit its 16
+// registers (2 runs measured 20-40% slower at 1 token, 6 and 8 slower); passes of at most 4 tokens (5-6 as
+// 3 + 2-3), the later ones re-reading the rows from L1.
+template <class V, DType D>
+int64_t run_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, int64_t n1, float* y,
+                 int64_t ldy) {
+  const auto runs = [&](auto rows) {
+    constexpr int R = decltype(rows)::value;
+    const int64_t run = (n1 - n) / R;
+    for (int64_t i = 0; i < run; ++i)
+      for (int64_t t = 0; t < M;) {
+        const int64_t T = M - t == 5 || M - t == 6 ? 3 : std::min<int64_t>(4, M - t);
+        const float* xt = x + t * ldx;
+        float* yt = y + i + t * ldy;
+        switch (T) {
+          case 1: run_kernel<V, D, R, 1>(xt, ldx, w, n + i, run, yt, ldy); break;
+          case 2: run_kernel<V, D, R, 2>(xt, ldx, w, n + i, run, yt, ldy); break;
+          case 3: run_kernel<V, D, R, 3>(xt, ldx, w, n + i, run, yt, ldy); break;
+          default: run_kernel<V, D, R, 4>(xt, ldx, w, n + i, run, yt, ldy); break;
+        }
+        t += T;
+      }
+    return n + R * run;
+  };
+  if (V::kTokens < 4 && M >= 3) return runs(std::integral_constant<int, 3>{});
+  return runs(std::integral_constant<int, 4>{});
 }
 
 inline constexpr int64_t kMaxMacroTokens = 32;
@@ -351,7 +384,7 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
 // whole row block ahead: the block's prefetched 24 KiB (6 bf16 rows of 2048) pushed the tokens' 32 KiB of x
 // out of the 48 KiB L1 at every block (one thread, bf16 from DRAM: 512x2048 71-75 -> 58-62 us, 2048x512
 // 58-61 -> 54-56 us). With two passes it measured 8-15% slower, so 7-8 tokens keep the next-block stream
-// (5-6: long_rows; 3: run_kernel).
+// (5-6: long_rows; 3: run_rows).
 template <class V, DType D, int R>
 void wide_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
   if (M <= 4) return micro_kernel<V, D, R, 4>(x, ldx, w, n, y, ldy, R, kRowLeadBytes / static_cast<int64_t>(dtype_size(D)));
@@ -435,21 +468,8 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
     const float* xm = x + m0 * ldx;
     float* ym = y + m0 * ldy;
     int64_t n = n0;
-    // Up to kRunTokens tokens: kRuns runs of rows, each read as one stream (run_kernel), then the few rows
-    // left over.
-    if (mc <= kRunTokens<V, D>) {
-      const int64_t run = (n1 - n) / kRuns;
-      for (int64_t i = 0; i < run; ++i, ++n) {
-        float* yn = ym + (n - n0);
-        switch (mc) {
-          case 1: run_kernel<V, D, kRuns, 1>(xm, ldx, w, n, run, yn, ldy); break;
-          case 2: run_kernel<V, D, kRuns, 2>(xm, ldx, w, n, run, yn, ldy); break;
-          case 3: if constexpr (kRunTokens<V, D> >= 3) run_kernel<V, D, kRuns, 3>(xm, ldx, w, n, run, yn, ldy); break;
-          default: if constexpr (kRunTokens<V, D> >= 4) run_kernel<V, D, kRuns, 4>(xm, ldx, w, n, run, yn, ldy); break;
-        }
-      }
-      n += (kRuns - 1) * run;
-    }
+    // Up to kRunTokens tokens: runs of rows, each read as one stream (run_kernel), then the few rows left over.
+    if (mc <= kRunTokens<V, D>) n = run_rows<V, D>(xm, mc, ldx, w, n, n1, ym + (n - n0), ldy);
     const int64_t row_bytes = w.cols * static_cast<int64_t>(dtype_size(D));
     // Past the runs, to 8 tokens: 6 rows (wide_rows), except 5-8 on rows of at most 1 KiB (short_rows) and
     // 5-6 on longer ones (long_rows). 6 rows x 4 tokens fills 24 of 32 registers (measured ~10% faster than
