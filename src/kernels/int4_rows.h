@@ -41,7 +41,8 @@ struct RowRuns {
 };
 
 // With runs, each row's words are streamed this far ahead of its reads (on into the run's next row), and its
-// scales as far ahead in their own array.
+// scales as far ahead in their own array. The kernels keep their row and prefetch pointers in local arrays:
+// the same pointers in a struct (or a streaming helper object) measured 5-15% slower.
 inline constexpr int64_t kInt4RunLeadBytes = 2048;
 
 }  // namespace
