@@ -56,8 +56,9 @@ inline __m256i word_mask(int64_t left) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kOnes + 8 - left));
 }
 
-// y[t * ldy + r * run] for t < T, r < R: rows n + r * run against T tokens of xt (ldxt floats apart), the
-// weights streamed in as Int4Prefetch says.
+// y[t * ldy + r * run] for t < T, r < R: rows n + r * run against T tokens of xt (ldxt floats apart).
+// Streamed in: with runs, each row's words kInt4RunLeadBytes ahead of its reads and its scales as far ahead
+// in their own array; with adjacent rows, the next R rows at the rate these are read.
 template <int R, int T>
 void micro(const float* xt, int64_t ldxt, const Int4Matrix& w, RowRuns at, float* y, int64_t ldy) {
   const __m256i flip = _mm256_set1_epi32(static_cast<int>(0x88888888u));
