@@ -5,8 +5,9 @@
 // not from the 32 MiB L3. Each benchmark thread rotates over its own matrices. bw_frac = achieved / the
 // read bandwidth measured at start-up with the same number of threads.
 // Prefill (M = 512, 2048): GFLOP/s on one matrix (in cache, as in a blocked expert GEMM), the threads
-// splitting its rows; peak_frac = achieved / the fp32-FMA peak measured at start-up (the kernels use fp32
-// FMA on exactly converted weights; vs the bf16-dot peak for the avx512bf16 path on bf16 and fp8 weights).
+// splitting its rows; peak_frac = achieved / the fp32-FMA peak measured at start-up on the kernels' vectors
+// (256-bit for avx2; the kernels use fp32 FMA on exactly converted weights), or the bf16-dot peak for the
+// avx512bf16 path on bf16 and fp8 weights.
 // The second argument is the ISA (1 avx2, 2 avx512, 3 avx512bf16 = vdpbf16ps on bf16/fp8 weights); those this
 // CPU lacks are skipped, and so is avx512bf16 on int4 weights (both AVX-512 ISAs run the same int4 kernel).
 // --benchmark_filter='/2$' (the ISA argument) keeps one. int4 matrices count their bf16 group scales as bytes
@@ -34,6 +35,7 @@ using moe::WeightView;
 
 double g_bw_gbps[3] = {0, 0, 0};  // by thread count 1, 2
 double g_peak_f32[3] = {0, 0, 0};
+double g_peak_f32_256[3] = {0, 0, 0};  // on 256-bit vectors: the AVX2 kernels' peak
 double g_peak_bf16[3] = {0, 0, 0};
 
 // One huge-page-advised, pre-faulted region of pseudo-random bf16-ish bytes, shared by all benchmarks.
@@ -169,7 +171,9 @@ void prefill(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
   }
   state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
   // The peak of the instruction the kernel runs: vdpbf16ps for bf16/fp8 weights on avx512bf16, else fp32 FMA.
-  const double peak = (moe::rounds_x_to_bf16(isa, dt) ? g_peak_bf16 : g_peak_f32)[state.threads()];
+  const double peak = (moe::rounds_x_to_bf16(isa, dt) ? g_peak_bf16
+                       : isa == moe::Isa::kAvx2     ? g_peak_f32_256
+                                                    : g_peak_f32)[state.threads()];
   state.counters["peak_frac"] = benchmark::Counter(flops / (peak * 1e9), benchmark::Counter::kIsRate);
 }
 
@@ -211,11 +215,14 @@ int main(int argc, char** argv) {
     // which on a VM that hands freed memory back to the host slows what runs in the next seconds.
     g_bw_gbps[t] = moe::measure_dram_read_gbps(t, pool.data, pool.bytes);
     g_peak_f32[t] = moe::measure_peak_gflops(t, moe::PeakKind::kF32Fma);
+    g_peak_f32_256[t] = moe::measure_peak_gflops(t, moe::PeakKind::kF32Fma, moe::Isa::kAvx2);
     const double bf16 = g_peak_bf16[t] = moe::measure_peak_gflops(t, moe::PeakKind::kBf16Dot);
-    std::fprintf(stderr, "roofline, %d thread(s): read %.1f GB/s, fp32 FMA %.0f GFLOP/s, bf16 dot %.0f GFLOP/s\n", t,
-                 g_bw_gbps[t], g_peak_f32[t], bf16);
+    std::fprintf(stderr,
+                 "roofline, %d thread(s): read %.1f GB/s, fp32 FMA %.0f GFLOP/s (256-bit %.0f), bf16 dot %.0f GFLOP/s\n",
+                 t, g_bw_gbps[t], g_peak_f32[t], g_peak_f32_256[t], bf16);
     benchmark::AddCustomContext("read_gbps_" + std::to_string(t), std::to_string(g_bw_gbps[t]));
     benchmark::AddCustomContext("fp32_fma_gflops_" + std::to_string(t), std::to_string(g_peak_f32[t]));
+    benchmark::AddCustomContext("fp32_fma_256bit_gflops_" + std::to_string(t), std::to_string(g_peak_f32_256[t]));
     benchmark::AddCustomContext("bf16_dot_gflops_" + std::to_string(t), std::to_string(bf16));
   }
   benchmark::RunSpecifiedBenchmarks();

@@ -426,6 +426,11 @@ TEST(Roofline, ProbesReturnPositiveFigures) {
   if (__builtin_cpu_supports("avx512bf16")) {
     EXPECT_GT(measure_peak_gflops(1, PeakKind::kBf16Dot), 0.0);
   }
+  // The AVX2 kernels' peak is the one of 256-bit vectors; the scalar kernels have no FMA peak to quote.
+  if (isa_supported(Isa::kAvx2)) {
+    EXPECT_GT(measure_peak_gflops(1, PeakKind::kF32Fma, Isa::kAvx2), 0.0);
+  }
+  EXPECT_EQ(measure_peak_gflops(1, PeakKind::kF32Fma, Isa::kScalar), 0.0);
 }
 
 // The bench times read_once over its cache-evicting sweep: every word must be read, whatever the ISA.

@@ -212,16 +212,17 @@ __attribute__((target("avx512f,avx512bf16"))) float dot_bf16(int64_t iters) {
 
 }  // namespace
 
-double measure_peak_gflops(int threads, PeakKind kind) {
+double measure_peak_gflops(int threads, PeakKind kind, Isa isa) {
   threads = std::max(threads, 1);
   double flops_per_iter = 0;  // per thread, 12 chains
   float (*fn)(int64_t) = nullptr;
+  const bool wide = isa == Isa::kAvx512 || isa == Isa::kAvx512Bf16;
   if (kind == PeakKind::kBf16Dot) {
     if (!has_avx512() || !cpu_features().avx512bf16) return 0.0;
     fn = dot_bf16, flops_per_iter = 12.0 * 16 * 4;
-  } else if (has_avx512()) {
+  } else if (wide && has_avx512()) {
     fn = fma_avx512, flops_per_iter = 12.0 * 16 * 2;
-  } else if (has_avx2_fma()) {
+  } else if ((wide || isa == Isa::kAvx2) && has_avx2_fma()) {
     fn = fma_avx2, flops_per_iter = 12.0 * 8 * 2;
   } else {
     return 0.0;

@@ -55,7 +55,9 @@ enum class PeakKind {
   kBf16Dot,  // vdpbf16ps: bf16 pairs into fp32, 4 flops per fp32 lane (0 where the CPU lacks avx512_bf16)
 };
 
-// GFLOP/s with independent accumulator chains per thread (widest vectors the CPU has).
-double measure_peak_gflops(int threads, PeakKind kind);
+// GFLOP/s with independent accumulator chains per thread. kF32Fma runs on the vectors of `isa` (512-bit for
+// both AVX-512 ISAs, 256-bit for avx2: on an AVX-512 CPU the AVX2 kernels' peak is half the machine's);
+// 0 for scalar or an ISA this CPU lacks. kBf16Dot needs avx512_bf16 whatever `isa` says.
+double measure_peak_gflops(int threads, PeakKind kind, Isa isa = best_isa());
 
 }  // namespace moe

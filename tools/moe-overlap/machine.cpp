@@ -43,9 +43,15 @@ nlohmann::json read_cache() {
 }  // namespace
 
 nlohmann::json MachineFigures::to_json() const {
-  return {{"cpu", cpu},           {"threads", threads},         {"read_gbps", read_gbps},
-          {"read_isa", read_isa}, {"fp32_fma_gflops", fp32_gflops}, {"bf16_dot_gflops", bf16_gflops},
-          {"isa", isa},           {"cached", cached}};
+  return {{"cpu", cpu},
+          {"threads", threads},
+          {"read_gbps", read_gbps},
+          {"read_isa", read_isa},
+          {"fp32_fma_gflops", fp32_gflops},
+          {"fp32_fma_256bit_gflops", avx2_fp32_gflops},
+          {"bf16_dot_gflops", bf16_gflops},
+          {"isa", isa},
+          {"cached", cached}};
 }
 
 MachineFigures measure_machine(int threads, const void* probe_buffer, size_t probe_bytes, Isa read_loop) {
@@ -55,6 +61,8 @@ MachineFigures measure_machine(int threads, const void* probe_buffer, size_t pro
   m.read_gbps = measure_dram_read_gbps(threads, probe_buffer, probe_bytes, read_loop);
   m.read_isa = std::string(isa_name(read_loop));
   m.fp32_gflops = measure_peak_gflops(threads, PeakKind::kF32Fma);
+  m.avx2_fp32_gflops =
+      best_isa() == Isa::kAvx2 ? m.fp32_gflops : measure_peak_gflops(threads, PeakKind::kF32Fma, Isa::kAvx2);
   m.bf16_gflops = measure_peak_gflops(threads, PeakKind::kBf16Dot);
   m.isa = std::string(isa_name(best_isa()));  // the caller names the ISA its kernels run, if another
   if (read_loop != read_isa()) return m;  // the cache keeps the widest loop's figures only
@@ -80,6 +88,7 @@ MachineFigures cached_machine(int threads) {
     m.read_gbps = it->value("read_gbps", 0.0);
     m.read_isa = loop;
     m.fp32_gflops = it->value("fp32_fma_gflops", 0.0);
+    m.avx2_fp32_gflops = it->value("fp32_fma_256bit_gflops", 0.0);
     m.bf16_gflops = it->value("bf16_dot_gflops", 0.0);
     m.isa = std::string(isa_name(best_isa()));
     m.cached = true;

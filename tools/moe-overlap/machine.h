@@ -18,16 +18,19 @@ struct MachineFigures {
   int threads = 0;
   double read_gbps = 0;     // sustained read bandwidth over 1 GiB (or a given buffer), `threads` readers
   std::string read_isa;     // the ISA of the read loop that measured it (kernels/roofline.h)
-  double fp32_gflops = 0;   // fp32 FMA peak
+  double fp32_gflops = 0;   // fp32 FMA peak on the widest vectors
+  double avx2_fp32_gflops = 0;  // fp32 FMA peak on 256-bit vectors, the AVX2 kernels' (fp32_gflops without AVX-512)
   double bf16_gflops = 0;   // bf16 dot-product peak (0 without avx512_bf16)
   std::string isa;          // the kernels' active instruction set
   bool cached = false;      // read from the cache rather than measured now
 
   // The peak of the arithmetic the kernels use for expert weights of `weights`: the bf16 dot product on
-  // the avx512bf16 path (bf16 and fp8 weights), else fp32 FMA on exactly converted weights.
+  // the avx512bf16 path (bf16 and fp8 weights), else fp32 FMA on exactly converted weights, on the
+  // kernels' vectors (the AVX2 kernels reach half of an AVX-512 CPU's peak).
   double kernel_peak_gflops(DType weights) const {
     const std::optional<Isa> kernels = parse_isa(isa);
-    return kernels && rounds_x_to_bf16(*kernels, weights) ? bf16_gflops : fp32_gflops;
+    if (kernels && rounds_x_to_bf16(*kernels, weights)) return bf16_gflops;
+    return kernels == Isa::kAvx2 && avx2_fp32_gflops > 0 ? avx2_fp32_gflops : fp32_gflops;
   }
   nlohmann::json to_json() const;
 };
