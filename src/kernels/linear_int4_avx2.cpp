@@ -159,9 +159,9 @@ void rows_pass(const float* xt, int64_t T, int64_t ldxt, const Int4Matrix& w, Ro
 
 void linear_int4_avx2(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
                       int64_t ldy) {
-  const int64_t K = w.cols, blocks = (K + kBlockCols - 1) / kBlockCols, ldxt = blocks * kBlockCols;
-  if (ldxt > kXtFloats) return linear_scalar(x, M, ldx, w, n0, n1, y, ldy);
   const Int4Matrix rows(w, kBlockCols / 8);
+  const int64_t K = w.cols, ldxt = rows.blocks * kBlockCols;
+  if (ldxt > kXtFloats) return linear_scalar(x, M, ldx, w, n0, n1, y, ldy);
   alignas(32) float xt[kXtFloats];
   const int64_t macro = std::max<int64_t>(1, kXtFloats / ldxt);
   for (int64_t m0 = 0; m0 < M; m0 += macro) {

@@ -208,15 +208,15 @@ void rows_pass(const float* xt, int64_t T, int64_t ldxt, const Int4Rows& w, RowR
 
 void linear_int4_avx512(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1,
                         float* y, int64_t ldy) {
-  const int64_t K = w.cols, blocks = (K + kBlockCols - 1) / kBlockCols, ldxt = blocks * kBlockCols;
+  const Int4Rows rows(w);
+  const int64_t K = w.cols, ldxt = rows.blocks * kBlockCols;
   // Rows longer than the transposed-x buffer (K > 32768, no model here has them) take the scalar path.
   if (ldxt > kXtFloats) return linear_scalar(x, M, ldx, w, n0, n1, y, ldy);
-  const Int4Rows rows(w);
   alignas(64) float xt[kXtFloats];
   const int64_t macro = std::max<int64_t>(1, kXtFloats / ldxt);
   for (int64_t m0 = 0; m0 < M; m0 += macro) {
     const int64_t T = std::min(macro, M - m0);
-    transpose_x(x + m0 * ldx, T, ldx, K, blocks, xt, ldxt);
+    transpose_x(x + m0 * ldx, T, ldx, K, rows.blocks, xt, ldxt);
     float* ym = y + m0 * ldy;
     // 1-2 tokens: 4 runs of consecutive rows, one row of each at a time, each run read as one long stream
     // (the float kernels' run_kernel); 4 rows x 1 token x 2 blocks or 4 x 2 x 1 keep 8 block sums in flight.

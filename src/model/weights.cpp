@@ -72,7 +72,7 @@ struct Filler {
 
   // `bytes` at a 64-byte boundary, cut from chunks of 16 requests' size (64 MiB at most), so that matrices
   // smaller than a huge page lie side by side in 2 MiB pages as in a checkpoint's mapping: a buffer of
-  // their own gave a Qwen3-Next int4 expert (576 KiB) 4 KiB pages, and the int4 layer ran 2-4x slower.
+  // their own gave a Qwen3-Next int4 expert (576 KiB) 4 KiB pages, and the int4 layer ran up to 2x slower.
   template <class T>
   T* alloc(size_t bytes) {
     bytes = (bytes + 63) / 64 * 64;
