@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <functional>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -56,22 +57,24 @@ TEST(Roofline, ReadOnceMatchesScalarReferenceOnEveryIsa) {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     p[i] = static_cast<unsigned char>(state >> 56);
   }
-  for (Isa isa : supported_isas()) {
-    SCOPED_TRACE(std::string(isa_name(isa)));
-    for (size_t n : {size_t{1024}, size_t{3072}, size_t{4096}, kBytes}) EXPECT_EQ(read_once(isa, p, n), xor_reference(p, n)) << n;
-    // A flipped byte anywhere (first, last, each of the four streams' starts and ends, inside a 512-bit
-    // word) changes the result, and it still matches the reference.
-    const uint64_t before = read_once(isa, p, kBytes);
-    for (size_t at : {size_t{0}, size_t{1}, size_t{63}, size_t{100}, kBytes / 4 - 1, kBytes / 4, kBytes / 2 + 31,
-                      3 * kBytes / 4, kBytes - 1}) {
-      p[at] ^= 0x10;
-      const uint64_t flipped = read_once(isa, p, kBytes);
-      EXPECT_NE(flipped, before) << at;
-      EXPECT_EQ(flipped, xor_reference(p, kBytes)) << at;
-      p[at] ^= 0x10;
+  for (Isa isa : supported_isas())
+    for (ReadPattern pattern : {ReadPattern::kRuns, ReadPattern::kSequential}) {
+      SCOPED_TRACE(std::string(isa_name(isa)) + ", " + std::string(read_pattern_name(pattern)));
+      for (size_t n : {size_t{1024}, size_t{3072}, size_t{4096}, kBytes})
+        EXPECT_EQ(read_once(isa, p, n, pattern), xor_reference(p, n)) << n;
+      // A flipped byte anywhere (first, last, each of the four streams' starts and ends, inside a 512-bit
+      // word) changes the result, and it still matches the reference.
+      const uint64_t before = read_once(isa, p, kBytes, pattern);
+      for (size_t at : {size_t{0}, size_t{1}, size_t{63}, size_t{100}, kBytes / 4 - 1, kBytes / 4, kBytes / 2 + 31,
+                        3 * kBytes / 4, kBytes - 1}) {
+        p[at] ^= 0x10;
+        const uint64_t flipped = read_once(isa, p, kBytes, pattern);
+        EXPECT_NE(flipped, before) << at;
+        EXPECT_EQ(flipped, xor_reference(p, kBytes)) << at;
+        p[at] ^= 0x10;
+      }
+      EXPECT_EQ(read_once(isa, p, kBytes, pattern), before);
     }
-    EXPECT_EQ(read_once(isa, p, kBytes), before);
-  }
   EXPECT_EQ(read_once(p, kBytes), read_once(read_isa(), p, kBytes));
 }
 
@@ -105,11 +108,13 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Over 256 MiB (well above any last-level cache), the probe's loop on each vector ISA the CPU has (the best
-// one, read_isa(), among them) against the plain loop of the same width, interleaved (the order alternating
-// per round), one and two threads. Each round's ratio compares two reads a few milliseconds apart, so a
-// slow-down from other processes hits both; the median ratio must not fall more than 5% short of 1. The
-// scalar loop (read_once on kScalar) fails this: it read 0.87-0.90 of the plain AVX-512 loop here.
+// Over 256 MiB (well above any last-level cache), the probe's reading on each vector ISA the CPU has (the
+// best one, read_isa(), among them), the faster of its two patterns as measure_read_bandwidth_gbps takes it,
+// against the plain loop of the same width, interleaved (every order in turn), one and two threads.
+// Each round's ratio compares reads a few milliseconds apart, so a slow-down from other processes hits all of
+// them; the median ratio must not fall more than 5% short of 1. The scalar loop (read_once on kScalar) fails
+// this: it read 0.87-0.90 of the plain AVX-512 loop on a Zen 5 guest; so does the runs pattern alone on a
+// Zen 4 guest (0.73-0.92).
 TEST(Roofline, ProbeReadsAsFastAsPlainVectorLoop) {
   std::vector<Isa> isas;
   for (Isa isa : {Isa::kAvx2, Isa::kAvx512})
@@ -129,30 +134,31 @@ TEST(Roofline, ProbeReadsAsFastAsPlainVectorLoop) {
     for (int threads = 1; threads <= max_threads; ++threads) {
       const bool wide = isa == Isa::kAvx512;
       const size_t slice = kBytes / static_cast<size_t>(threads) / (size_t{2} << 20) * (size_t{2} << 20);
-      auto probe = [&](int t) { sink += read_once(isa, buf + static_cast<size_t>(t) * slice, slice); };
-      auto plain = [&](int t) {
-        const char* p = buf + static_cast<size_t>(t) * slice;
-        sink += wide ? plain_avx512(p, slice) : plain_avx2(p, slice);
+      const auto probe = [&](ReadPattern pattern) {
+        return [&, pattern](int t) { sink += read_once(isa, buf + static_cast<size_t>(t) * slice, slice, pattern); };
       };
-      timed_parallel(threads, probe);  // warm the page tables and the threads' start-up path
-      timed_parallel(threads, plain);
+      const std::function<void(int)> loops[3] = {probe(ReadPattern::kRuns), probe(ReadPattern::kSequential),
+                                                 [&](int t) {
+                                                   const char* p = buf + static_cast<size_t>(t) * slice;
+                                                   sink += wide ? plain_avx512(p, slice) : plain_avx2(p, slice);
+                                                 }};
+      for (const auto& loop : loops) timed_parallel(threads, loop);  // warm the page tables and the threads
       std::vector<double> ratio, probe_gbps, plain_gbps;
+      int sequential_won = 0;
       for (int r = 0; r < rounds; ++r) {
-        double tp, tq;
-        if (r % 2 == 0) {
-          tp = timed_parallel(threads, probe);
-          tq = timed_parallel(threads, plain);
-        } else {
-          tq = timed_parallel(threads, plain);
-          tp = timed_parallel(threads, probe);
-        }
-        ratio.push_back(tq / tp);
+        // Every order of the three in turn: a read runs slower right after the runs pattern on some CPUs.
+        static constexpr int kOrders[6][3] = {{0, 1, 2}, {2, 1, 0}, {1, 0, 2}, {2, 0, 1}, {0, 2, 1}, {1, 2, 0}};
+        double sec[3];
+        for (int k : kOrders[r % 6]) sec[k] = timed_parallel(threads, loops[k]);
+        const double tp = std::min(sec[0], sec[1]);
+        sequential_won += sec[1] < sec[0];
+        ratio.push_back(sec[2] / tp);
         probe_gbps.push_back(static_cast<double>(slice) * threads / tp / 1e9);
-        plain_gbps.push_back(static_cast<double>(slice) * threads / tq / 1e9);
+        plain_gbps.push_back(static_cast<double>(slice) * threads / sec[2] / 1e9);
       }
       EXPECT_GE(median(ratio), 0.95) << isa_name(isa) << ", " << threads << " threads: probe " << median(probe_gbps)
                                      << " GB/s, plain loop " << median(plain_gbps) << " GB/s (medians of " << rounds
-                                     << " rounds)";
+                                     << " rounds; the sequential pattern the faster in " << sequential_won << ")";
     }
   }
   munmap(mem, kBytes);

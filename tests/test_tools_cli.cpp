@@ -241,7 +241,9 @@ TEST_F(Cli, BenchComparesEachCallWithItsSweep) {
     EXPECT_NEAR(b["read_gbps"].get<double>(), median(sweeps[b["tokens"].get<int64_t>()]), 1e-9) << b.dump();
   // of_best: GB/s over the best read of the run, which is at least the start probe and every listed sweep.
   EXPECT_EQ(j["machine"]["read_isa"].get<std::string>(), loop);
-  EXPECT_NE(r.out.find("(" + loop + " read loop)"), std::string::npos) << r.out;
+  const std::string pattern = j["machine"]["read_pattern"].get<std::string>();
+  EXPECT_TRUE(pattern == "runs" || pattern == "sequential") << pattern;
+  EXPECT_NE(r.out.find("(" + loop + " read loop, " + pattern + ")"), std::string::npos) << r.out;
   const double best = j["best_read_gbps"].get<double>();
   EXPECT_GE(best, j["machine"]["read_gbps"].get<double>());
   for (const auto& [tokens, v] : sweeps) EXPECT_GE(best, *std::max_element(v.begin(), v.end())) << tokens;

@@ -215,7 +215,7 @@ TEST(OutputFile, PathsAreCheckedUpFront) {
 }
 
 // The bench table and JSON carry both fractions of bandwidth, of the moment (of_bw) and of the run's best
-// read (of_best), and name the read loop that measured them.
+// read (of_best), and name the read loop and pattern that measured them.
 TEST(BenchReport, TableAndJsonShowBothFractionsAndTheReadLoop) {
   BenchReport r;
   r.model = "layer";
@@ -224,6 +224,7 @@ TEST(BenchReport, TableAndJsonShowBothFractionsAndTheReadLoop) {
   r.machine.threads = 2;
   r.machine.read_gbps = 40;
   r.machine.read_isa = "avx2";
+  r.machine.read_pattern = "sequential";
   r.machine.isa = "avx2";
   r.sweep_measures = true;
   r.best_read_gbps = 50;
@@ -257,11 +258,12 @@ TEST(BenchReport, TableAndJsonShowBothFractionsAndTheReadLoop) {
   EXPECT_EQ(head[of_bw + 1], "of_best") << table;
   EXPECT_EQ(row[of_bw], "90%") << table;
   EXPECT_EQ(row[of_bw + 1], "72%") << table;
-  EXPECT_NE(table.find("read 40.0 GB/s at start (avx2 read loop), best 50.0 GB/s in the run"), std::string::npos) << table;
+  EXPECT_NE(table.find("read 40.0 GB/s at start (avx2 read loop, sequential), best 50.0 GB/s in the run"), std::string::npos) << table;
   EXPECT_NE(table.find("of_best: GB/s over the best read bandwidth of the run, 50.0 GB/s"), std::string::npos) << table;
   const nlohmann::json j = bench_json(r);
   EXPECT_EQ(j["best_read_gbps"].get<double>(), 50.0);
   EXPECT_EQ(j["machine"]["read_isa"].get<std::string>(), "avx2");
+  EXPECT_EQ(j["machine"]["read_pattern"].get<std::string>(), "sequential");
   EXPECT_EQ(j["results"][0]["best_fraction"].get<double>(), 0.72);
   EXPECT_EQ(j["results"][0]["bandwidth_fraction"].get<double>(), 0.9);
 }

@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -26,16 +28,35 @@ constexpr size_t kHugePage = size_t{2} << 20;
 bool has_avx512() { return cpu_features().avx512f; }
 bool has_avx2_fma() { return cpu_features().avx2 && cpu_features().fma; }
 
-// Both vector loops read four interleaved streams as the kernels' runs of rows do (linear_simd.h,
-// run_kernel): one 64-byte line of each stream per step, each stream prefetched 2 KiB ahead of its reads,
-// XORed into one accumulator per stream. The loop that read 256 bytes of each stream per step, 1 KiB ahead,
-// measured 10-30% slower on an AMD EPYC (Zen 5) guest, one thread 28-33 GB/s against 36-39 (medians of 7
-// passes, five interleaved rounds), so that the kernels' reads measured above 100% of it. The AVX2 loop is
-// the AVX-512 one with 256-bit loads: on a CPU without AVX-512 it is the probe, and must read as fast as
-// memory delivers.
+// Two access patterns (ReadPattern, roofline.h), each on AVX-512 and AVX2 loads.
+//
+// kRuns reads four interleaved streams as the kernels' runs of rows do (linear_simd.h, run_kernel): one
+// 64-byte line of each stream per step, each stream prefetched 2 KiB ahead of its reads, XORed into one
+// accumulator per stream. The loop that read 256 bytes of each stream per step, 1 KiB ahead, measured 10-30%
+// slower on an AMD EPYC (Zen 5) guest, one thread 28-33 GB/s against 36-39 (medians of 7 passes, five
+// interleaved rounds), so that the kernels' reads measured above 100% of it.
+//
+// kSequential reads one stream front to back, two lines per step, with no software prefetch. On an AMD EPYC
+// (Zen 4) guest it read 1.4-1.6x faster than kRuns on one thread (29-30 against 19 GB/s, medians of 15
+// passes) and 1.1x on two; one line per step or four read 5% slower in some runs, and a software prefetch 1 or 4 KiB ahead
+// halved it there.
 constexpr int kStreams = 4;
 constexpr size_t kStep = 64;     // bytes of one stream per step
 constexpr size_t kAhead = 2048;  // prefetch distance, bytes
+
+__attribute__((target("avx512f"))) uint64_t xor_lanes(__m512i v) {
+  alignas(64) uint64_t out[8];
+  _mm512_store_si512(out, v);
+  uint64_t x = 0;
+  for (uint64_t w : out) x ^= w;
+  return x;
+}
+
+__attribute__((target("avx2"))) uint64_t xor_lanes(__m256i v) {
+  alignas(32) uint64_t out[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out), v);
+  return out[0] ^ out[1] ^ out[2] ^ out[3];
+}
 
 __attribute__((target("avx512f"))) uint64_t read_avx512(const char* p, size_t n) {
   const size_t len = n / kStreams / kStep * kStep;
@@ -47,11 +68,7 @@ __attribute__((target("avx512f"))) uint64_t read_avx512(const char* p, size_t n)
       if (i + kAhead < len) _mm_prefetch(q + kAhead, _MM_HINT_T0);
       a[s] = _mm512_xor_si512(a[s], _mm512_load_si512(q));
     }
-  alignas(64) uint64_t out[8];
-  _mm512_store_si512(out, _mm512_xor_si512(_mm512_xor_si512(a[0], a[1]), _mm512_xor_si512(a[2], a[3])));
-  uint64_t x = 0;
-  for (uint64_t v : out) x ^= v;
-  return x;
+  return xor_lanes(_mm512_xor_si512(_mm512_xor_si512(a[0], a[1]), _mm512_xor_si512(a[2], a[3])));
 }
 
 __attribute__((target("avx2"))) uint64_t read_avx2(const char* p, size_t n) {
@@ -65,10 +82,26 @@ __attribute__((target("avx2"))) uint64_t read_avx2(const char* p, size_t n) {
       const __m256i* v = reinterpret_cast<const __m256i*>(q);
       a[s] = _mm256_xor_si256(a[s], _mm256_xor_si256(_mm256_load_si256(v), _mm256_load_si256(v + 1)));
     }
-  alignas(32) uint64_t out[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(out),
-                     _mm256_xor_si256(_mm256_xor_si256(a[0], a[1]), _mm256_xor_si256(a[2], a[3])));
-  return out[0] ^ out[1] ^ out[2] ^ out[3];
+  return xor_lanes(_mm256_xor_si256(_mm256_xor_si256(a[0], a[1]), _mm256_xor_si256(a[2], a[3])));
+}
+
+__attribute__((target("avx512f"))) uint64_t read_seq_avx512(const char* p, size_t n) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0;
+  for (size_t i = 0; i < n; i += 2 * kStep) {
+    a0 = _mm512_xor_si512(a0, _mm512_load_si512(p + i));
+    a1 = _mm512_xor_si512(a1, _mm512_load_si512(p + i + kStep));
+  }
+  return xor_lanes(_mm512_xor_si512(a0, a1));
+}
+
+__attribute__((target("avx2"))) uint64_t read_seq_avx2(const char* p, size_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0;
+  for (size_t i = 0; i < n; i += kStep) {
+    const __m256i* v = reinterpret_cast<const __m256i*>(p + i);
+    a0 = _mm256_xor_si256(a0, _mm256_load_si256(v));
+    a1 = _mm256_xor_si256(a1, _mm256_load_si256(v + 1));
+  }
+  return xor_lanes(_mm256_xor_si256(a0, a1));
 }
 
 // For CPUs without AVX2 only: 64-bit words (SSE2 loads where the compiler vectorises it), which on a modern
@@ -114,37 +147,56 @@ double timed_parallel(int threads, const std::function<void(int)>& body) {
 }
 
 
-uint64_t read_once(Isa isa, const void* p, size_t n) {
+std::string_view read_pattern_name(ReadPattern pattern) {
+  return pattern == ReadPattern::kSequential ? "sequential" : "runs";
+}
+
+std::optional<ReadPattern> parse_read_pattern(std::string_view name) {
+  for (ReadPattern p : {ReadPattern::kRuns, ReadPattern::kSequential})
+    if (read_pattern_name(p) == name) return p;
+  return std::nullopt;
+}
+
+uint64_t read_once(Isa isa, const void* p, size_t n, ReadPattern pattern) {
   const char* q = static_cast<const char*>(p);
+  const bool seq = pattern == ReadPattern::kSequential;
   switch (isa) {
     case Isa::kAvx512:
-    case Isa::kAvx512Bf16: return read_avx512(q, n);
-    case Isa::kAvx2: return read_avx2(q, n);
+    case Isa::kAvx512Bf16: return seq ? read_seq_avx512(q, n) : read_avx512(q, n);
+    case Isa::kAvx2: return seq ? read_seq_avx2(q, n) : read_avx2(q, n);
     case Isa::kScalar: break;
   }
   return read_scalar(q, n);
 }
 
-double measure_read_bandwidth_gbps(int threads, const void* buffer, size_t bytes, Isa isa) {
+double measure_read_bandwidth_gbps(int threads, const void* buffer, size_t bytes, Isa isa, ReadPattern* fastest) {
   threads = std::max(threads, 1);
   if (!isa_supported(isa)) return 0.0;
   const size_t slice = bytes / kHugePage / static_cast<size_t>(threads) * kHugePage;
   if (slice == 0) return 0.0;
-  std::vector<double> seconds;
+  // Both patterns in every pass, the order alternating, so that a change of the machine's mode hits both.
+  constexpr ReadPattern kPatterns[] = {ReadPattern::kRuns, ReadPattern::kSequential};
+  std::vector<double> seconds[2];
   for (int pass = 0; pass < kPasses; ++pass)
-    seconds.push_back(timed_parallel(threads, [&](int t) {
-      const char* p = static_cast<const char*>(buffer) + static_cast<size_t>(t) * slice;
-      g_sink = read_once(isa, p, slice);
-    }));
-  return static_cast<double>(slice) * threads / median(seconds) / 1e9;
+    for (int i = 0; i < 2; ++i) {
+      const int k = (pass + i) % 2;
+      seconds[k].push_back(timed_parallel(threads, [&](int t) {
+        const char* p = static_cast<const char*>(buffer) + static_cast<size_t>(t) * slice;
+        g_sink = read_once(isa, p, slice, kPatterns[k]);
+      }));
+    }
+  const int best = median(seconds[1]) < median(seconds[0]) ? 1 : 0;
+  if (fastest) *fastest = kPatterns[best];
+  return static_cast<double>(slice) * threads / median(seconds[best]) / 1e9;
 }
 
-double measure_dram_read_gbps(int threads, const void* buffer, size_t bytes, Isa isa) {
-  return buffer != nullptr && bytes >= kDramReadBytes ? measure_read_bandwidth_gbps(threads, buffer, bytes, isa)
-                                                      : measure_read_bandwidth_gbps(threads, size_t{1} << 30, isa);
+double measure_dram_read_gbps(int threads, const void* buffer, size_t bytes, Isa isa, ReadPattern* fastest) {
+  return buffer != nullptr && bytes >= kDramReadBytes
+             ? measure_read_bandwidth_gbps(threads, buffer, bytes, isa, fastest)
+             : measure_read_bandwidth_gbps(threads, size_t{1} << 30, isa, fastest);
 }
 
-double measure_read_bandwidth_gbps(int threads, size_t bytes, Isa isa) {
+double measure_read_bandwidth_gbps(int threads, size_t bytes, Isa isa, ReadPattern* fastest) {
   threads = std::max(threads, 1);
   if (!isa_supported(isa)) return 0.0;
   bytes = (bytes + kHugePage - 1) / kHugePage * kHugePage;
@@ -158,7 +210,7 @@ double measure_read_bandwidth_gbps(int threads, size_t bytes, Isa isa) {
     char* p = buf + static_cast<size_t>(t) * slice;
     for (size_t i = 0; i < slice; i += 4096) p[i] = static_cast<char>(i >> 12);
   });
-  const double gbps = measure_read_bandwidth_gbps(threads, buf, bytes, isa);
+  const double gbps = measure_read_bandwidth_gbps(threads, buf, bytes, isa, fastest);
   munmap(mem, bytes);
   return gbps;
 }

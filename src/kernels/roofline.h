@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string_view>
 
 #include "kernels/linear.h"
 
@@ -20,29 +22,43 @@ namespace moe {
 // fraction of it.
 inline Isa read_isa() { return best_isa(); }
 
-// The probes read with read_once() on `isa` (default read_isa()); with an ISA this CPU lacks they return 0.
+// The read loop's two access patterns. kRuns: four interleaved streams, one line of each per step, each
+// prefetched 2 KiB ahead (the kernels' runs of rows read so). kSequential: one stream front to back, no
+// software prefetch. Which one reads faster depends on the CPU (roofline.cpp has the figures), so the probes
+// time both and report the faster: a pattern this CPU reads slowly would understate the bandwidth and
+// overstate every fraction of it.
+enum class ReadPattern : uint8_t { kRuns, kSequential };
+std::string_view read_pattern_name(ReadPattern pattern);  // "runs", "sequential"
+std::optional<ReadPattern> parse_read_pattern(std::string_view name);
+
+// The probes read with read_once() on `isa` (default read_isa()), both patterns in every pass; with an ISA
+// this CPU lacks they return 0. They return the faster pattern's median GB/s and, if `fastest` is given,
+// store that pattern there.
 //
 // GB/s (1e9 bytes/s) reading `bytes` (default 1 GiB, far above any last-level cache and the region where
 // repeated reads still run from cache) from an anonymous mapping advised for transparent
 // huge pages and pre-faulted outside the timed region. Returns 0 if the buffer cannot be mapped.
-double measure_read_bandwidth_gbps(int threads, size_t bytes = size_t{1} << 30, Isa isa = read_isa());
+double measure_read_bandwidth_gbps(int threads, size_t bytes = size_t{1} << 30, Isa isa = read_isa(),
+                                   ReadPattern* fastest = nullptr);
 // The same over an existing buffer (64-byte aligned, resident, not the shared zero page; each thread reads
 // its own 2 MiB-aligned slice); 0 if it is smaller than 2 MiB per thread. Nothing is mapped or unmapped:
 // on a VM that hands freed memory back to the host, a large unmap just before timing slows what follows.
-double measure_read_bandwidth_gbps(int threads, const void* buffer, size_t bytes, Isa isa = read_isa());
+double measure_read_bandwidth_gbps(int threads, const void* buffer, size_t bytes, Isa isa = read_isa(),
+                                   ReadPattern* fastest = nullptr);
 // A buffer at least this large is read from DRAM (working sets of 64 MiB were seen to stay in cache), so a
 // read of it measures the read bandwidth; under it, the fresh 1 GiB probe is the one that measures.
 inline constexpr size_t kDramReadBytes = size_t{128} << 20;
 // The read bandwidth over `buffer` when it is at least kDramReadBytes (nothing mapped or unmapped), else
 // (a smaller buffer, or none) over a fresh 1 GiB.
-double measure_dram_read_gbps(int threads, const void* buffer, size_t bytes, Isa isa = read_isa());
+double measure_dram_read_gbps(int threads, const void* buffer, size_t bytes, Isa isa = read_isa(),
+                              ReadPattern* fastest = nullptr);
 
 // The probe's read loop over [p, p + n), p 64-byte aligned and n a multiple of 1 KiB: every byte is loaded
 // once, and the result is the XOR of all the 64-bit words, so no read can be dropped. Timed over a buffer far
 // larger than the caches, it measures the read bandwidth of the moment. `isa` must be supported
-// (isa_supported): kAvx512 and kAvx512Bf16 run 512-bit loads, kAvx2 256-bit ones, kScalar 64-bit words; the
-// result is the same on every ISA.
-uint64_t read_once(Isa isa, const void* p, size_t n);
+// (isa_supported): kAvx512 and kAvx512Bf16 run 512-bit loads, kAvx2 256-bit ones, kScalar 64-bit words (one
+// pattern only); the result is the same on every ISA and pattern.
+uint64_t read_once(Isa isa, const void* p, size_t n, ReadPattern pattern = ReadPattern::kRuns);
 inline uint64_t read_once(const void* p, size_t n) { return read_once(read_isa(), p, n); }
 
 // Seconds from releasing `threads` threads together until the last one returns from body(thread_index).

@@ -19,9 +19,10 @@ std::string bench_table(const BenchReport& r) {
   if (r.machine.isa == "avx2" && r.machine.avx2_fp32_gflops > 0 && r.machine.avx2_fp32_gflops != r.machine.fp32_gflops)
     std::snprintf(avx2_peak, sizeof avx2_peak, " (256-bit: %.0f, the kernels' peak)", r.machine.avx2_fp32_gflops);
   std::snprintf(line, sizeof line,
-                "machine: %s, %d threads: read %.1f GB/s at start (%s read loop), best %.1f GB/s in the run, fp32 FMA "
-                "%.0f GFLOP/s%s, bf16 dot %.0f GFLOP/s, kernels %s\n",
+                "machine: %s, %d threads: read %.1f GB/s at start (%s read loop, %s), best %.1f GB/s in the run, fp32 "
+                "FMA %.0f GFLOP/s%s, bf16 dot %.0f GFLOP/s, kernels %s\n",
                 r.machine.cpu.c_str(), r.machine.threads, r.machine.read_gbps, r.machine.read_isa.c_str(),
+                r.machine.read_pattern.c_str(),
                 r.best_read_gbps, r.machine.fp32_gflops, avx2_peak, r.machine.bf16_gflops, r.machine.isa.c_str());
   s << line;
   std::snprintf(line, sizeof line, "%7s %-13s %10s %10s %10s %8s %9s %8s %7s %7s %8s %7s %8s %7s %6s\n", "tokens",
@@ -49,8 +50,8 @@ std::string bench_table(const BenchReport& r) {
       << " MiB or more measured it during the run); of_bw is GB/s over it\n";
   std::snprintf(line, sizeof line,
                 "of_best: GB/s over the best read bandwidth of the run, %.1f GB/s (the start probe and every sweep; "
-                "%s read loop)\n",
-                r.best_read_gbps, r.machine.read_isa.c_str());
+                "%s read loop, %s)\n",
+                r.best_read_gbps, r.machine.read_isa.c_str(), r.machine.read_pattern.c_str());
   s << line;
   if (drifted)
     s << "~ the read bandwidth spread by more than " << static_cast<int>(100 * kReadDrift)

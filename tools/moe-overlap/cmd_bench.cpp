@@ -86,7 +86,8 @@ void store_min(std::atomic<int64_t>& a, int64_t v) {
 // worker wake-up nor host enqueue time is counted; the host's enqueue cost is reported on its own.
 //
 // The eviction sweep is also the bandwidth probe of the moment: each worker reads one slice with the probe's
-// loop (on `read_loop`), and the sweep is timed. This machine's bandwidth changes between modes within a
+// loop (on `read_loop`, in the pattern the start-up probe found fastest: set_read_pattern), and the sweep
+// is timed. This machine's bandwidth changes between modes within a
 // fraction of a second, so a probe run before and after a token count can miss a change that a whole token
 // count sees. The timer also keeps the best sweep it measured.
 class DeviceTimer {
@@ -98,6 +99,7 @@ class DeviceTimer {
         slice_(evict_.size() / static_cast<size_t>(workers) / 1024 * 1024),
         measures_(evict_mib >= kMeasuringSweepMib && slice_ > 0) {}
   bool evicts() const { return evict_.size() > 0; }
+  void set_read_pattern(ReadPattern pattern) { read_pattern_ = pattern; }
   const void* sweep_data() const { return evict_.data(); }
   size_t sweep_bytes() const { return evict_.size(); }
   // Whether sweep_gbps() can answer: the sweep is large enough to read from DRAM.
@@ -115,7 +117,8 @@ class DeviceTimer {
                   const int64_t t0 = now_ns();
                   store_min(first_start_, t0);
                   store_max(last_start_, t0);
-                  sink_ += read_once(read_loop_, evict_.as<const char>() + static_cast<size_t>(t) * slice_, slice_);
+                  sink_ += read_once(read_loop_, evict_.as<const char>() + static_cast<size_t>(t) * slice_, slice_,
+                                     read_pattern_);
                   const int64_t t1 = now_ns();
                   store_min(first_end_, t1);
                   store_max(start_, t1);
@@ -150,6 +153,7 @@ class DeviceTimer {
  private:
   HostBuffer evict_;
   const Isa read_loop_;
+  ReadPattern read_pattern_ = ReadPattern::kRuns;
   const int num_tiles_;
   const size_t slice_;
   const bool measures_;
@@ -283,6 +287,7 @@ void run_bench(const BenchOptions& o) {
   DeviceTimer timer(o.evict_mib, dev->num_workers(), read_loop);
   report.sweep_measures = timer.measures_bandwidth();
   report.machine = measure_machine(dev->num_workers(), timer.sweep_data(), timer.sweep_bytes(), read_loop);
+  timer.set_read_pattern(parse_read_pattern(report.machine.read_pattern).value_or(ReadPattern::kRuns));
   report.machine.isa = std::string(isa_name(isa));  // the report names the kernels' ISA
   reset_peak_rss();
   LoadedModel m = load_model(o.model);

@@ -47,6 +47,7 @@ nlohmann::json MachineFigures::to_json() const {
           {"threads", threads},
           {"read_gbps", read_gbps},
           {"read_isa", read_isa},
+          {"read_pattern", read_pattern},
           {"fp32_fma_gflops", fp32_gflops},
           {"fp32_fma_256bit_gflops", avx2_fp32_gflops},
           {"bf16_dot_gflops", bf16_gflops},
@@ -58,8 +59,10 @@ MachineFigures measure_machine(int threads, const void* probe_buffer, size_t pro
   MachineFigures m;
   m.cpu = cpu_model();
   m.threads = threads;
-  m.read_gbps = measure_dram_read_gbps(threads, probe_buffer, probe_bytes, read_loop);
+  ReadPattern pattern = ReadPattern::kRuns;
+  m.read_gbps = measure_dram_read_gbps(threads, probe_buffer, probe_bytes, read_loop, &pattern);
   m.read_isa = std::string(isa_name(read_loop));
+  m.read_pattern = std::string(read_pattern_name(pattern));
   m.fp32_gflops = measure_peak_gflops(threads, PeakKind::kF32Fma);
   m.avx2_fp32_gflops =
       best_isa() == Isa::kAvx2 ? m.fp32_gflops : measure_peak_gflops(threads, PeakKind::kF32Fma, Isa::kAvx2);
@@ -81,12 +84,15 @@ MachineFigures cached_machine(int threads) {
   const nlohmann::json cache = read_cache();
   const auto it = cache.find(cache_key(cpu, threads));
   const std::string loop(isa_name(read_isa()));
-  if (it != cache.end() && it->is_object() && it->value("read_gbps", 0.0) > 0 && it->value("read_isa", "") == loop) {
+  // A cache without a read pattern was measured with the runs pattern alone, which some CPUs read slowly.
+  if (it != cache.end() && it->is_object() && it->value("read_gbps", 0.0) > 0 && it->value("read_isa", "") == loop &&
+      parse_read_pattern(it->value("read_pattern", ""))) {
     MachineFigures m;
     m.cpu = cpu;
     m.threads = threads;
     m.read_gbps = it->value("read_gbps", 0.0);
     m.read_isa = loop;
+    m.read_pattern = it->value("read_pattern", "");
     m.fp32_gflops = it->value("fp32_fma_gflops", 0.0);
     m.avx2_fp32_gflops = it->value("fp32_fma_256bit_gflops", 0.0);
     m.bf16_gflops = it->value("bf16_dot_gflops", 0.0);

@@ -18,6 +18,7 @@ struct MachineFigures {
   int threads = 0;
   double read_gbps = 0;     // sustained read bandwidth over 1 GiB (or a given buffer), `threads` readers
   std::string read_isa;     // the ISA of the read loop that measured it (kernels/roofline.h)
+  std::string read_pattern;  // its access pattern, the faster of the two on this CPU (read_pattern_name)
   double fp32_gflops = 0;   // fp32 FMA peak on the widest vectors
   double avx2_fp32_gflops = 0;  // fp32 FMA peak on 256-bit vectors, the AVX2 kernels' (fp32_gflops without AVX-512)
   double bf16_gflops = 0;   // bf16 dot-product peak (0 without avx512_bf16)
@@ -45,7 +46,7 @@ std::string cpu_model();
 MachineFigures measure_machine(int threads, const void* probe_buffer = nullptr, size_t probe_bytes = 0,
                                Isa read_loop = read_isa());
 // The cached figures for this CPU and thread count, or measure_machine(); figures a narrower read loop
-// measured (or a cache that does not name its loop) are measured again.
+// measured (or a cache that does not name its loop and pattern) are measured again.
 MachineFigures cached_machine(int threads);
 
 }  // namespace moe::tools
