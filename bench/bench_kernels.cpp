@@ -7,11 +7,11 @@
 // Prefill (M = 512, 2048): GFLOP/s on one matrix (in cache, as in a blocked expert GEMM), the threads
 // splitting its rows; peak_frac = achieved / the fp32-FMA peak measured at start-up on the kernels' vectors
 // (256-bit for avx2; the kernels use fp32 FMA on exactly converted weights), or the bf16-dot peak for the
-// avx512bf16 path on bf16 and fp8 weights.
-// The second argument is the ISA (1 avx2, 2 avx512, 3 avx512bf16 = vdpbf16ps on bf16/fp8 weights); those this
-// CPU lacks are skipped, and so is avx512bf16 on int4 weights (both AVX-512 ISAs run the same int4 kernel).
-// --benchmark_filter='/2$' (the ISA argument) keeps one. int4 matrices count their bf16 group scales as bytes
-// read; their FMA count per weight is bf16's, so past a few tokens they are bound by the fp32-FMA peak.
+// avx512bf16 path on bf16, fp8 and int4 weights.
+// The second argument is the ISA (1 avx2, 2 avx512, 3 avx512bf16 = vdpbf16ps on x rounded to bf16); those
+// this CPU lacks are skipped. --benchmark_filter='/2$' (the ISA argument) keeps one. int4 matrices count their
+// bf16 group scales as bytes read; their product count per weight is bf16's, so past a few tokens they are
+// bound by the arithmetic peak.
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
 
@@ -114,16 +114,12 @@ struct Activations {
 };
 
 // The ISA of the benchmark's second argument; every one this CPU has is registered (decode_args). Returns
-// nullopt (the benchmark skipped) where the CPU lacks it or it would repeat another one's kernel.
-std::optional<moe::Isa> select_isa(benchmark::State& state, int64_t arg, DType dt) {
+// nullopt (the benchmark skipped) where the CPU lacks it.
+std::optional<moe::Isa> select_isa(benchmark::State& state, int64_t arg) {
   const moe::Isa isa = static_cast<moe::Isa>(arg);
   state.SetLabel(std::string(moe::isa_name(isa)));
   if (!moe::isa_supported(isa)) {
     state.SkipWithError("ISA not supported");
-    return std::nullopt;
-  }
-  if (dt == DType::kInt4 && isa == moe::Isa::kAvx512Bf16) {
-    state.SkipWithError("int4 runs the avx512 kernel on both AVX-512 ISAs");
     return std::nullopt;
   }
   return isa;
@@ -131,7 +127,7 @@ std::optional<moe::Isa> select_isa(benchmark::State& state, int64_t arg, DType d
 
 void decode(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
   const int64_t M = state.range(0);
-  const std::optional<moe::Isa> chosen = select_isa(state, state.range(1), dt);
+  const std::optional<moe::Isa> chosen = select_isa(state, state.range(1));
   if (!chosen) return;
   const moe::Isa isa = *chosen;
   Activations a(M, rows, cols);
@@ -154,7 +150,7 @@ void decode(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
 
 void prefill(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
   const int64_t M = state.range(0);
-  const std::optional<moe::Isa> chosen = select_isa(state, state.range(1), dt);
+  const std::optional<moe::Isa> chosen = select_isa(state, state.range(1));
   if (!chosen) return;
   const moe::Isa isa = *chosen;
   Activations a(M, rows, cols);

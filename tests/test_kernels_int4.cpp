@@ -89,13 +89,17 @@ TEST(Int4Weights, RowSliceKeepsEachRowsScales) {
     }
 }
 
-// Every int4 path is exact fp32 (never rounded to bf16), avx512bf16 included.
-TEST(Int4Weights, NoIsaRoundsXForInt4) {
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) EXPECT_FALSE(rounds_x_to_bf16(isa, DType::kInt4));
+// The int4 paths are exact fp32 but avx512bf16's, which rounds x to bf16 as it does for bf16 and fp8 weights.
+TEST(Int4Weights, OnlyAvx512Bf16RoundsXForInt4) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) EXPECT_FALSE(rounds_x_to_bf16(isa, DType::kInt4));
+  EXPECT_TRUE(rounds_x_to_bf16(Isa::kAvx512Bf16, DType::kInt4));
 }
 
-// y vs an fp64 dot product of weight_at's values, with the fp32-summation bound of test_kernels.cpp; columns
-// outside [n0, n1) untouched.
+// x as the kernel multiplies it: rounded to bf16 (to nearest even) where the ISA rounds it.
+float as_multiplied(Isa isa, float x) { return rounds_x_to_bf16(isa, DType::kInt4) ? bf16_to_f32(f32_to_bf16(x)) : x; }
+
+// y vs an fp64 dot product of weight_at's values and x as multiplied, with the fp32-summation bound of
+// test_kernels.cpp (the bf16-dot products are exact in fp32 too); columns outside [n0, n1) untouched.
 void check_against_reference(Isa isa, int64_t M, int64_t N, int64_t K, int64_t group, int64_t n0, int64_t n1) {
   SCOPED_TRACE(::testing::Message() << isa_name(isa) << " M=" << M << " N=" << N << " K=" << K << " group=" << group
                                     << " range=[" << n0 << "," << n1 << ")");
@@ -116,7 +120,7 @@ void check_against_reference(Isa isa, int64_t M, int64_t N, int64_t K, int64_t g
       }
       double ref = 0, mag = 0;
       for (int64_t k = 0; k < K; ++k) {
-        const double p = static_cast<double>(x[m * ldx + k]) * weight_at(w.view, n, k);
+        const double p = static_cast<double>(as_multiplied(isa, x[m * ldx + k])) * weight_at(w.view, n, k);
         ref += p;
         mag += std::fabs(p);
       }
@@ -209,6 +213,27 @@ TEST_P(Int4Isa, NonFiniteScalesReachTheirRowsOnly) {
       else if (n == 6) EXPECT_FALSE(std::isfinite(v)) << m;
       else EXPECT_TRUE(std::isfinite(v)) << m << " " << n;
     }
+}
+
+// The bf16-dot path is really a different path from the exact one (some bits differ), and agrees with it
+// within x's rounding.
+TEST_P(Int4Isa, Bf16DotPathStaysWithinItsBoundOfTheExactPath) {
+  if (isa() != Isa::kAvx512Bf16) GTEST_SKIP() << "only for avx512bf16";
+  const int64_t M = 9, N = 21, K = 2048;
+  Int4Weight w = make_int4(N, K, 32, 11);
+  for (auto& s : w.scales)
+    if (std::fabs(bf16_to_f32(s)) > 1.0f) s = f32_to_bf16(0.25f);
+  const std::vector<float> x = make_x(M, K, 12);
+  std::vector<float> dot(static_cast<size_t>(M * N)), exact(dot.size());
+  linear(isa(), x.data(), M, K, w.view, 0, N, dot.data(), N);
+  linear(Isa::kAvx512, x.data(), M, K, w.view, 0, N, exact.data(), N);
+  EXPECT_NE(std::memcmp(dot.data(), exact.data(), dot.size() * sizeof(float)), 0);
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < dot.size(); ++i) {
+    err += std::fabs(dot[i] - exact[i]);
+    norm += std::fabs(exact[i]);
+  }
+  EXPECT_LT(err / norm, 1e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, Int4Isa,

@@ -48,7 +48,7 @@ std::optional<Isa> parse_isa(std::string_view name) {
 }
 
 bool rounds_x_to_bf16(Isa isa, DType weights) {
-  return isa == Isa::kAvx512Bf16 && (weights == DType::kBF16 || weights == DType::kF8E4M3);
+  return isa == Isa::kAvx512Bf16 && weights != DType::kF32;
 }
 
 bool isa_supported(Isa isa) {
@@ -81,10 +81,10 @@ namespace {
 void linear_from_n0(Isa isa, const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1,
                     float* y, int64_t ldy) {
   if (M <= 0 || n1 <= n0) return;
-  if (w.dtype == DType::kInt4) {  // exact fp32 on every ISA; both AVX-512 ISAs share one kernel
+  if (w.dtype == DType::kInt4) {
     switch (isa) {
-      case Isa::kAvx512:
-      case Isa::kAvx512Bf16: detail::linear_int4_avx512(x, M, ldx, w, n0, n1, y, ldy); return;
+      case Isa::kAvx512: detail::linear_int4_avx512(x, M, ldx, w, n0, n1, y, ldy); return;
+      case Isa::kAvx512Bf16: detail::linear_int4_avx512bf16(x, M, ldx, w, n0, n1, y, ldy); return;
       case Isa::kAvx2: detail::linear_int4_avx2(x, M, ldx, w, n0, n1, y, ldy); return;
       case Isa::kScalar: break;
     }

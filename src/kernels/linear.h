@@ -23,8 +23,8 @@ enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAvx512Bf16 };
 std::string_view isa_name(Isa isa);
 // The ISA named `name` ("scalar", "avx2", "avx512", "avx512bf16"), or nullopt.
 std::optional<Isa> parse_isa(std::string_view name);
-// Whether `isa` runs matrices of `weights` on bf16 dot products with x rounded to bf16 (avx512bf16 on bf16
-// and fp8 weights): their error bound is ~2^-9 per product, and their arithmetic peak the bf16-dot one.
+// Whether `isa` runs matrices of `weights` on bf16 dot products with x rounded to bf16 (avx512bf16 on bf16,
+// fp8 and int4 weights): their error bound is ~2^-9 per product, and their arithmetic peak the bf16-dot one.
 bool rounds_x_to_bf16(Isa isa, DType weights);
 Isa best_isa();  // the best exact fp32 ISA this CPU supports and this build compiled (never avx512bf16)
 bool isa_supported(Isa isa);

@@ -18,9 +18,12 @@ void linear_avx512(const float* x, int64_t M, int64_t ldx, const WeightView& w, 
 // bf16 and fp8 weights via vdpbf16ps (x rounded to bf16); f32 weights forward to linear_avx512.
 void linear_avx512bf16(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1,
                        float* y, int64_t ldy);
-// int4 weights (linear_int4_avx512.cpp, run by both AVX-512 ISAs; linear_int4_avx2.cpp).
+// int4 weights: exact fp32 (linear_int4_avx512.cpp, linear_int4_avx2.cpp), or x rounded to bf16 and
+// vdpbf16ps (linear_int4_avx512bf16.cpp, the avx512bf16 ISA).
 void linear_int4_avx512(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1,
                         float* y, int64_t ldy);
+void linear_int4_avx512bf16(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1,
+                            float* y, int64_t ldy);
 void linear_int4_avx2(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
                       int64_t ldy);
 // silu_mul, scale_add and weighted_rows_sum on 16 lanes (elementwise_avx512.cpp), for both AVX-512 ISAs.

@@ -99,7 +99,7 @@ void add_schedule_option(CLI::App* cmd, std::string& schedule) {
 void add_isa_option(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--isa", o.isa,
                   "kernel instruction set: auto (best exact fp32 one), scalar, avx2, avx512, or avx512bf16 "
-                  "(vdpbf16ps: bf16/fp8 expert weights against x rounded to bf16, up to 2x faster when compute-bound)")
+                  "(vdpbf16ps: bf16/fp8/int4 expert weights against x rounded to bf16, up to 2x faster when compute-bound)")
       ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512", "avx512bf16"}))
       ->capture_default_str();
 }

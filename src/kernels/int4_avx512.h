@@ -1,0 +1,239 @@
+// The AVX-512 walk over int4 rows shared by the two AVX-512 int4 kernels (internal to moe_kernels; included by
+// linear_int4_avx512.cpp and linear_int4_avx512bf16.cpp, which are compiled with different target flags, so
+// everything here has internal linkage). What differs between them is the product, a policy `Dot`:
+//
+//   linear_int4_avx512.cpp      exact: x in fp32, 8 steps per 128-column block, each a shift, a vpermps of the
+//                               values -8..7 and an fp32 FMA per 16 weights;
+//   linear_int4_avx512bf16.cpp  x rounded to bf16, 4 steps per block, each a shift, a vpermw of the values
+//                               -8..7 as bf16 and a vdpbf16ps per 32 weights.
+//
+// Column order. A 64-byte load holds the 16 words of a 128-column block, word l holding columns 8l .. 8l+7.
+// Shifting every lane right by 4i exposes the low field of each lane: step i of a block is that lane's field
+// i (fp32 lanes) or field i of each half-word (bf16 lanes, field i and i + 4 of word l in lanes 2l, 2l + 1,
+// which vdpbf16ps adds into fp32 lane l). Either way fp32 lane l of a step's product covers word l only, and
+// x is put into that order once per call by the policy's convert_x. A group of g >= 32 columns (a power of
+// two) covers whole words, so lane l has one scale for all the steps of a block: each lane sums x * value
+// over the block's steps (part), and the block's sum times the lane's bf16 group scale goes into the
+// accumulator, one FMA per 128 columns; the scale never multiplies the weights one by one.
+//
+// Determinism contract: y[m, n] is accumulated in one vector whose lane l adds, block by block ascending,
+// part * scale (fp32 FMA; lanes past K add +-0 as x is zero there), then reduced by the fixed 16-lane tree of
+// avx512_hsum.h. Blocking over rows and tokens changes only how many accumulators are live, so the bits depend
+// on (x row, W row) alone.
+//
+// The Dot policy:
+//   using XElem;                           float or bf16 bits: x as convert_x lays it out
+//   static constexpr int kSteps;           steps per 128-column block (8 or 4)
+//   static constexpr int64_t kXElems;      elements of the x buffer (on the stack)
+//   static int64_t row_stride(int64_t blocks);   elements between converted x rows
+//   static void convert_x(const float* x, int64_t T, int64_t ldx, int64_t K, int64_t blocks, XElem* xc,
+//                         int64_t ldxc);
+//   XVec load_x(const XElem* p) const;     one step's x
+//   WVec decode(__m512i words, int i) const;     step i's values
+//   __m512 madd(__m512 part, XVec x, WVec v, bool first) const;   part + x . v (first: from zero)
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/avx512_hsum.h"
+#include "kernels/int4_rows.h"
+
+namespace moe::detail {
+namespace {
+
+constexpr int64_t kInt4BlockCols = 128;  // 16 words
+
+// The matrix and, for groups under 128 columns, lane l's scale within a block's group scales.
+struct Int4Rows : Int4Matrix {
+  __m512i lane_scale;
+  explicit Int4Rows(const WeightView& w) : Int4Matrix(w, kInt4BlockCols / 8) {
+    const int words_per_group = static_cast<int>(std::min<int64_t>(w.group_size, kInt4BlockCols) / 8);
+    lane_scale = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                   static_cast<unsigned>(__builtin_ctz(static_cast<unsigned>(words_per_group))));
+  }
+};
+
+// The scale vector of `row`'s block b: lane l = scale of column 128b + 8l; zero past K.
+inline __m512 scale_vector(const Int4Rows& w, const uint16_t* row_scales, int64_t b) {
+  if (w.group >= kInt4BlockCols) {
+    const uint32_t s = static_cast<uint32_t>(row_scales[b * kInt4BlockCols / w.group]) << 16;
+    return _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(s)));  // K % 128 == 0 here: no partial block
+  }
+  const int64_t per_block = kInt4BlockCols / w.group;  // 2 or 4
+  const int64_t left = std::min<int64_t>(per_block, w.scales_per_row - b * per_block);
+  const __m128i h = _mm_maskz_loadu_epi16(static_cast<__mmask8>((1u << left) - 1u), row_scales + b * per_block);
+  const __m512i s = _mm512_castsi128_si512(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16));
+  return _mm512_castsi512_ps(_mm512_permutexvar_epi32(w.lane_scale, s));
+}
+
+// y[t * ldy + r * run] for t < T, r < R: rows n + r * run against T tokens of xc (ldxc elements apart).
+// Streamed in: with runs, each row's words kInt4RunLeadBytes ahead of its reads (on into that run's next row)
+// and its scales as far ahead in their own array; with adjacent rows, the next R rows at the rate these are
+// read. NB blocks run at once: their block sums are independent chains, each added to the accumulator in
+// block order, so the bits do not depend on NB.
+template <class Dot, int R, int T, int NB>
+void int4_micro(const Dot& dot, const typename Dot::XElem* xc, int64_t ldxc, const Int4Rows& w, RowRuns at,
+                float* y, int64_t ldy) {
+  constexpr int kSteps = Dot::kSteps;
+  constexpr int64_t kStepElems = kInt4BlockCols / kSteps;
+  const char* words_end = reinterpret_cast<const char*>(w.words + w.rows * w.words_per_row);
+  const char* scales_end = reinterpret_cast<const char*>(w.scales + w.rows * w.scales_per_row);
+  const uint32_t* rows[R];
+  const uint16_t* srows[R];
+  const char *ahead[R], *sahead[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    rows[r] = w.words + (at.n + r * at.run) * w.words_per_row;
+    srows[r] = w.scales + (at.n + r * at.run) * w.scales_per_row;
+    ahead[r] = reinterpret_cast<const char*>(rows[r]) + kInt4RunLeadBytes;
+    sahead[r] = reinterpret_cast<const char*>(srows[r]) + w.scale_offset(kInt4RunLeadBytes / 4 / w.block_words);
+  }
+  const char* next = reinterpret_cast<const char*>(rows[0] + R * w.words_per_row);
+  __m512 acc[R][T];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  // NB blocks from b on (nb of them are real).
+  const auto blocks = [&](int64_t b, auto nb_c) {
+    constexpr int nb = decltype(nb_c)::value;
+    __m512i wv[nb][R];
+#pragma GCC unroll 8
+    for (int j = 0; j < nb; ++j) {
+      const int64_t left = std::min<int64_t>(16, w.words_per_row - (b + j) * 16);
+      const __mmask16 m = static_cast<__mmask16>((1u << left) - 1u);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) wv[j][r] = _mm512_maskz_loadu_epi32(m, rows[r] + (b + j) * 16);
+    }
+    if (at.run > 1) {
+      // One line of words per row per block, and the scales' line once every 64 bytes of them.
+#pragma GCC unroll 8
+      for (int j = 0; j < nb; ++j)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const char* p = ahead[r] + (b + j) * 64;
+          if (p < words_end) _mm_prefetch(p, _MM_HINT_T0);
+          const int64_t s0 = w.scale_offset(b + j), s1 = w.scale_offset(b + j + 1);
+          if ((s0 >> 6) != (s1 >> 6) || b + j == 0) {
+            const char* q = sahead[r] + (s1 & ~int64_t{63});
+            if (q < scales_end) _mm_prefetch(q, _MM_HINT_T0);
+          }
+        }
+    } else {
+      // Adjacent rows: the next R rows' words, at the rate these are read.
+#pragma GCC unroll 8
+      for (int j = 0; j < nb; ++j)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const char* p = next + ((b + j) * R + r) * 64;
+          if (p < words_end) _mm_prefetch(p, _MM_HINT_T0);
+        }
+    }
+    __m512 part[nb][R][T];  // each block's sum of x * value per lane, before the lane's group scale
+#pragma GCC unroll 8
+    for (int i = 0; i < kSteps; ++i)
+#pragma GCC unroll 8
+      for (int j = 0; j < nb; ++j) {
+        const typename Dot::XElem* xb = xc + (b + j) * kInt4BlockCols + i * kStepElems;
+        typename Dot::XVec xv[T];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) xv[t] = dot.load_x(xb + t * ldxc);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const auto v = dot.decode(wv[j][r], i);
+#pragma GCC unroll 8
+          for (int t = 0; t < T; ++t) part[j][r][t] = dot.madd(part[j][r][t], xv[t], v, i == 0);
+        }
+      }
+#pragma GCC unroll 8
+    for (int j = 0; j < nb; ++j)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512 sv = scale_vector(w, srows[r], b + j);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) acc[r][t] = _mm512_fmadd_ps(part[j][r][t], sv, acc[r][t]);
+      }
+  };
+  int64_t b = 0;
+  for (; b + NB <= w.blocks; b += NB) blocks(b, std::integral_constant<int, NB>{});
+  for (; b < w.blocks; ++b) blocks(b, std::integral_constant<int, 1>{});
+  if (at.run == 1) {
+    hsum16_acc<R, T>(acc, y, ldy);
+  } else {
+    float sums[T * R];
+    hsum16_acc<R, T>(acc, sums, R);
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) y[t * ldy + r * at.run] = sums[t * R + r];
+  }
+}
+
+// Rows at.n + r * at.run (r < R) against all T tokens, in passes of up to P tokens; two blocks at once for
+// one token.
+template <class Dot, int R, int P>
+void int4_rows_pass(const Dot& dot, const typename Dot::XElem* xc, int64_t T, int64_t ldxc, const Int4Rows& w,
+                    RowRuns at, float* y, int64_t ldy) {
+  for (int64_t t = 0; t < T; t += P) {
+    const auto pass = [&](auto tokens) {
+      constexpr int tc = decltype(tokens)::value;
+      int4_micro<Dot, R, tc, tc == 1 ? 2 : 1>(dot, xc + t * ldxc, ldxc, w, at, y + t * ldy, ldy);
+    };
+    const int64_t tc = std::min<int64_t>(P, T - t);
+    if constexpr (P == 1) {
+      pass(std::integral_constant<int, 1>{});
+    } else if constexpr (P == 2) {
+      if (tc == 1) pass(std::integral_constant<int, 1>{});
+      else pass(std::integral_constant<int, 2>{});
+    } else {
+      static_assert(P == 4);
+      switch (tc) {
+        case 1: pass(std::integral_constant<int, 1>{}); break;
+        case 2: pass(std::integral_constant<int, 2>{}); break;
+        case 3: pass(std::integral_constant<int, 3>{}); break;
+        default: pass(std::integral_constant<int, 4>{}); break;
+      }
+    }
+  }
+}
+
+// linear() on an int4 matrix with the product of `Dot`, y pointing at column n0. Returns false (nothing
+// written) when a converted x row does not fit the policy's buffer (K > 32768: no model here), for the
+// caller to take the scalar path.
+template <class Dot>
+bool linear_int4_avx512_with(const Dot& dot, const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0,
+                             int64_t n1, float* y, int64_t ldy) {
+  const Int4Rows rows(w);
+  const int64_t K = w.cols, ldxc = Dot::row_stride(rows.blocks);
+  if (ldxc > Dot::kXElems) return false;
+  alignas(64) typename Dot::XElem xc[Dot::kXElems];
+  const int64_t macro = std::max<int64_t>(1, Dot::kXElems / ldxc);
+  for (int64_t m0 = 0; m0 < M; m0 += macro) {
+    const int64_t T = std::min(macro, M - m0);
+    Dot::convert_x(x + m0 * ldx, T, ldx, K, rows.blocks, xc, ldxc);
+    float* ym = y + m0 * ldy;
+    // 1-2 tokens: 4 runs of consecutive rows, one row of each at a time, each run read as one long stream
+    // (the float kernels' run_kernel); 4 rows x 1 token x 2 blocks or 4 x 2 x 1 keep 8 block sums in flight.
+    // One thread, from DRAM, exact product, against 6 and 4 adjacent rows: 512x2048 at 1 / 2 tokens 44-50 /
+    // 50-63 -> 29-32 / 40-44 us, 2048x7168 765-900 / 860-1135 -> 410-427 / 547-565 us (Zen 5). From 3
+    // tokens 2 rows in passes of 4 tokens (re-decoding the rows from L1 for each pass: 1 row x 8 tokens, one
+    // decoding for all, measured slower, its x loads feeding one product each). Rows left over go one at a
+    // time.
+    int64_t n = n0;
+    if (T <= 2) {
+      constexpr int kRuns = 4;
+      const int64_t run = (n1 - n) / kRuns;
+      for (int64_t i = 0; i < run; ++i, ++n)
+        int4_rows_pass<Dot, kRuns, 2>(dot, xc, T, ldxc, rows, {n, run}, ym + (n - n0), ldy);
+      n += (kRuns - 1) * run;
+    }
+    for (; n + 2 <= n1; n += 2) int4_rows_pass<Dot, 2, 4>(dot, xc, T, ldxc, rows, {n, 1}, ym + (n - n0), ldy);
+    for (; n < n1; ++n) int4_rows_pass<Dot, 1, 4>(dot, xc, T, ldxc, rows, {n, 1}, ym + (n - n0), ldy);
+  }
+  return true;
+}
+
+}  // namespace
+}  // namespace moe::detail
