@@ -31,7 +31,7 @@ bool small_scale() {
 
 std::vector<Isa> supported_isas() {
   std::vector<Isa> v;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16})
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAvx2Int8})
     if (isa_supported(isa)) v.push_back(isa);
   return v;
 }
@@ -103,16 +103,12 @@ __attribute__((target("avx2"))) uint64_t plain_avx2(const char* p, size_t n) {
   return out[0] ^ out[1] ^ out[2] ^ out[3];
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Over 256 MiB (well above any last-level cache), the probe's reading on each vector ISA the CPU has (the
 // best one, read_isa(), among them), the faster of its two patterns as measure_read_bandwidth_gbps takes it,
-// against the plain loop of the same width, interleaved (every order in turn), one and two threads.
-// Each round's ratio compares reads a few milliseconds apart, so a slow-down from other processes hits all of
-// them; the median ratio must not fall more than 5% short of 1. The scalar loop (read_once on kScalar) fails
+// against the plain loop of the same width, interleaved (every order in turn), one and two threads. The
+// best read of each over the rounds is compared (the least disturbed one: on a Zen 4 guest the median ratio of
+// two identical loops came out 0.92-1.0 from run to run); the probe's must not fall more than 5% short of the
+// plain loop's. The scalar loop (read_once on kScalar) fails
 // this: it read 0.87-0.90 of the plain AVX-512 loop on a Zen 5 guest; so does the runs pattern alone on a
 // Zen 4 guest (0.73-0.92).
 TEST(Roofline, ProbeReadsAsFastAsPlainVectorLoop) {
@@ -143,7 +139,7 @@ TEST(Roofline, ProbeReadsAsFastAsPlainVectorLoop) {
                                                    sink += wide ? plain_avx512(p, slice) : plain_avx2(p, slice);
                                                  }};
       for (const auto& loop : loops) timed_parallel(threads, loop);  // warm the page tables and the threads
-      std::vector<double> ratio, probe_gbps, plain_gbps;
+      double probe_gbps = 0, plain_gbps = 0;
       int sequential_won = 0;
       for (int r = 0; r < rounds; ++r) {
         // Every order of the three in turn: a read runs slower right after the runs pattern on some CPUs.
@@ -152,13 +148,12 @@ TEST(Roofline, ProbeReadsAsFastAsPlainVectorLoop) {
         for (int k : kOrders[r % 6]) sec[k] = timed_parallel(threads, loops[k]);
         const double tp = std::min(sec[0], sec[1]);
         sequential_won += sec[1] < sec[0];
-        ratio.push_back(sec[2] / tp);
-        probe_gbps.push_back(static_cast<double>(slice) * threads / tp / 1e9);
-        plain_gbps.push_back(static_cast<double>(slice) * threads / sec[2] / 1e9);
+        probe_gbps = std::max(probe_gbps, static_cast<double>(slice) * threads / tp / 1e9);
+        plain_gbps = std::max(plain_gbps, static_cast<double>(slice) * threads / sec[2] / 1e9);
       }
-      EXPECT_GE(median(ratio), 0.95) << isa_name(isa) << ", " << threads << " threads: probe " << median(probe_gbps)
-                                     << " GB/s, plain loop " << median(plain_gbps) << " GB/s (medians of " << rounds
-                                     << " rounds; the sequential pattern the faster in " << sequential_won << ")";
+      EXPECT_GE(probe_gbps, 0.95 * plain_gbps)
+          << isa_name(isa) << ", " << threads << " threads: probe " << probe_gbps << " GB/s, plain loop " << plain_gbps
+          << " GB/s (the best of " << rounds << " rounds; the sequential pattern the faster in " << sequential_won << ")";
     }
   }
   munmap(mem, kBytes);
