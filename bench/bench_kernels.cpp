@@ -8,8 +8,8 @@
 // splitting its rows; peak_frac = achieved / the fp32-FMA peak measured at start-up on the kernels' vectors
 // (256-bit for avx2; the kernels use fp32 FMA on exactly converted weights), or the bf16-dot peak for the
 // avx512bf16 path on bf16, fp8 and int4 weights.
-// The second argument is the ISA (1 avx2, 2 avx512, 3 avx512bf16 = vdpbf16ps on x rounded to bf16); those
-// this CPU lacks are skipped. --benchmark_filter='/2$' (the ISA argument) keeps one. int4 matrices count their
+// The second argument is the ISA (1 avx2, 2 avx512, 3 avx512bf16 = vdpbf16ps on x rounded to bf16, 4 avx2int8
+// = int4 weights against x quantized to int8); those this CPU lacks are skipped. --benchmark_filter='/2$' (the ISA argument) keeps one. int4 matrices count their
 // bf16 group scales as bytes read; their product count per weight is bf16's, so past a few tokens they are
 // bound by the arithmetic peak.
 #include <benchmark/benchmark.h>
@@ -114,12 +114,16 @@ struct Activations {
 };
 
 // The ISA of the benchmark's second argument; every one this CPU has is registered (decode_args). Returns
-// nullopt (the benchmark skipped) where the CPU lacks it.
-std::optional<moe::Isa> select_isa(benchmark::State& state, int64_t arg) {
+// nullopt (the benchmark skipped) where the CPU lacks it or where it runs another ISA's kernel.
+std::optional<moe::Isa> select_isa(benchmark::State& state, int64_t arg, DType dt) {
   const moe::Isa isa = static_cast<moe::Isa>(arg);
   state.SetLabel(std::string(moe::isa_name(isa)));
   if (!moe::isa_supported(isa)) {
     state.SkipWithError("ISA not supported");
+    return std::nullopt;
+  }
+  if (isa == moe::Isa::kAvx2Int8 && dt != DType::kInt4) {
+    state.SkipWithError("avx2int8 runs the avx2 kernels on these weights");
     return std::nullopt;
   }
   return isa;
@@ -127,7 +131,7 @@ std::optional<moe::Isa> select_isa(benchmark::State& state, int64_t arg) {
 
 void decode(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
   const int64_t M = state.range(0);
-  const std::optional<moe::Isa> chosen = select_isa(state, state.range(1));
+  const std::optional<moe::Isa> chosen = select_isa(state, state.range(1), dt);
   if (!chosen) return;
   const moe::Isa isa = *chosen;
   Activations a(M, rows, cols);
@@ -150,7 +154,7 @@ void decode(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
 
 void prefill(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
   const int64_t M = state.range(0);
-  const std::optional<moe::Isa> chosen = select_isa(state, state.range(1));
+  const std::optional<moe::Isa> chosen = select_isa(state, state.range(1), dt);
   if (!chosen) return;
   const moe::Isa isa = *chosen;
   Activations a(M, rows, cols);
@@ -167,8 +171,8 @@ void prefill(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
   }
   state.counters["GFLOP/s"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
   // The peak of the instruction the kernel runs: vdpbf16ps for bf16/fp8 weights on avx512bf16, else fp32 FMA.
-  const double peak = (moe::rounds_x_to_bf16(isa, dt) ? g_peak_bf16
-                       : isa == moe::Isa::kAvx2     ? g_peak_f32_256
+  const double peak = (moe::rounds_x_to_bf16(isa, dt)               ? g_peak_bf16
+                       : moe::exact_isa(isa) == moe::Isa::kAvx2 ? g_peak_f32_256
                                                     : g_peak_f32)[state.threads()];
   state.counters["peak_frac"] = benchmark::Counter(flops / (peak * 1e9), benchmark::Counter::kIsRate);
 }
@@ -177,12 +181,12 @@ void prefill(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
 double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
 void decode_args(benchmark::internal::Benchmark* b) {
-  for (int64_t isa : {1, 2, 3})
+  for (int64_t isa : {1, 2, 3, 4})
     for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 16, 32}) b->Args({m, isa});
   b->Threads(1)->Threads(2)->UseRealTime()->MinTime(0.3)->ComputeStatistics("min", min_of);
 }
 void prefill_args(benchmark::internal::Benchmark* b) {
-  for (int64_t isa : {1, 2, 3})
+  for (int64_t isa : {1, 2, 3, 4})
     for (int64_t m : {512, 2048}) b->Args({m, isa});
   b->Threads(1)->Threads(2)->UseRealTime()->MinTime(0.5)->ComputeStatistics("min", min_of);
 }

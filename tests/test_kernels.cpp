@@ -365,14 +365,16 @@ TEST_P(KernelIsa, NanAndInfPassThrough) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, KernelIsa,
-                         ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16),
+                         ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAvx2Int8),
                          [](const ::testing::TestParamInfo<Isa>& p) { return std::string(isa_name(p.param)); });
 
 TEST(KernelDispatch, BestIsaIsSupportedAndUnsupportedThrows) {
   EXPECT_TRUE(isa_supported(best_isa()));
   EXPECT_NE(best_isa(), Isa::kAvx512Bf16);  // rounds x to bf16: opt-in only
+  EXPECT_NE(best_isa(), Isa::kAvx2Int8);    // quantizes x to int8: opt-in only
+  EXPECT_EQ(exact_isa(best_isa()), best_isa());
   EXPECT_TRUE(isa_supported(Isa::kScalar));
-  for (Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAvx2Int8}) {
     if (!isa_supported(isa)) {
       EXPECT_THROW(require_isa(isa, "test"), std::invalid_argument);
     }

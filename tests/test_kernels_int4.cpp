@@ -89,17 +89,36 @@ TEST(Int4Weights, RowSliceKeepsEachRowsScales) {
     }
 }
 
-// The int4 paths are exact fp32 but avx512bf16's, which rounds x to bf16 as it does for bf16 and fp8 weights.
-TEST(Int4Weights, OnlyAvx512Bf16RoundsXForInt4) {
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) EXPECT_FALSE(rounds_x_to_bf16(isa, DType::kInt4));
+// The int4 paths are exact fp32 but two opt-in ones: avx512bf16 rounds x to bf16 (as it does for bf16 and fp8
+// weights), avx2int8 quantizes it to int8.
+TEST(Int4Weights, OnlyTheOptInIsasApproximateXForInt4) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) EXPECT_FALSE(approximates_x(isa, DType::kInt4));
   EXPECT_TRUE(rounds_x_to_bf16(Isa::kAvx512Bf16, DType::kInt4));
+  EXPECT_FALSE(quantizes_x_to_int8(Isa::kAvx512Bf16, DType::kInt4));
+  EXPECT_TRUE(quantizes_x_to_int8(Isa::kAvx2Int8, DType::kInt4));
+  EXPECT_FALSE(rounds_x_to_bf16(Isa::kAvx2Int8, DType::kInt4));
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF8E4M3}) EXPECT_FALSE(approximates_x(Isa::kAvx2Int8, dt));
 }
 
-// x as the kernel multiplies it: rounded to bf16 (to nearest even) where the ISA rounds it.
-float as_multiplied(Isa isa, float x) { return rounds_x_to_bf16(isa, DType::kInt4) ? bf16_to_f32(f32_to_bf16(x)) : x; }
+// Row m of x as the kernel multiplies it (K columns): rounded to bf16 (to nearest even) on avx512bf16; on
+// avx2int8, per 32 columns q * d with d = max |x| / 127 and q = x * (127 / max |x|) rounded to nearest even.
+std::vector<double> as_multiplied(Isa isa, const float* x, int64_t K) {
+  std::vector<double> v(x, x + K);
+  if (rounds_x_to_bf16(isa, DType::kInt4))
+    for (int64_t k = 0; k < K; ++k) v[k] = bf16_to_f32(f32_to_bf16(x[k]));
+  if (quantizes_x_to_int8(isa, DType::kInt4))
+    for (int64_t c = 0; c < K; c += 32) {
+      float amax = 0.0f;
+      for (int64_t k = c; k < c + 32; ++k) amax = std::max(amax, std::fabs(x[k]));
+      const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      for (int64_t k = c; k < c + 32; ++k) v[k] = std::nearbyint(x[k] * inv) * static_cast<double>(d);
+    }
+  return v;
+}
 
 // y vs an fp64 dot product of weight_at's values and x as multiplied, with the fp32-summation bound of
-// test_kernels.cpp (the bf16-dot products are exact in fp32 too); columns outside [n0, n1) untouched.
+// test_kernels.cpp (the bf16-dot products and the int8 dot products are exact too); columns outside [n0, n1)
+// untouched.
 void check_against_reference(Isa isa, int64_t M, int64_t N, int64_t K, int64_t group, int64_t n0, int64_t n1) {
   SCOPED_TRACE(::testing::Message() << isa_name(isa) << " M=" << M << " N=" << N << " K=" << K << " group=" << group
                                     << " range=[" << n0 << "," << n1 << ")");
@@ -111,7 +130,8 @@ void check_against_reference(Isa isa, int64_t M, int64_t N, int64_t K, int64_t g
   constexpr float kSentinel = -12345.0f;
   std::vector<float> y(static_cast<size_t>(M * ldy), kSentinel);
   linear(isa, x.data(), M, ldx, w.view, n0, n1, y.data(), ldy);
-  for (int64_t m = 0; m < M; ++m)
+  for (int64_t m = 0; m < M; ++m) {
+    const std::vector<double> xm = as_multiplied(isa, x.data() + m * ldx, K);
     for (int64_t n = 0; n < ldy; ++n) {
       const float got = y[m * ldy + n];
       if (n < n0 || n >= n1) {
@@ -120,12 +140,13 @@ void check_against_reference(Isa isa, int64_t M, int64_t N, int64_t K, int64_t g
       }
       double ref = 0, mag = 0;
       for (int64_t k = 0; k < K; ++k) {
-        const double p = static_cast<double>(as_multiplied(isa, x[m * ldx + k])) * weight_at(w.view, n, k);
+        const double p = xm[static_cast<size_t>(k)] * weight_at(w.view, n, k);
         ref += p;
         mag += std::fabs(p);
       }
       ASSERT_NEAR(got, ref, 2.0 * (K + 4) * std::numeric_limits<float>::epsilon() * mag + 1e-30) << "m=" << m << " n=" << n;
     }
+  }
 }
 
 TEST_P(Int4Isa, MatchesTheReferenceOnEveryShapeTokenCountAndGroupSize) {
@@ -142,21 +163,22 @@ TEST_P(Int4Isa, MatchesTheReferenceOnEveryShapeTokenCountAndGroupSize) {
   check_against_reference(isa(), 1, 40, 512, 128, 7, 33);
 }
 
-// x = e_k for every column k: y[k, n] is w[n, k] alone, plus zeros, so every decoded weight of every column
-// position (all 8 fields, every block, the tail) must be weight_at()'s value exactly, subnormal, huge and
-// negative scales included.
+// x = 127 e_k for every column k: y[k, n] is 127 w[n, k] alone, plus zeros, so every decoded weight of every
+// column position (all 8 fields, every block, the tail) must be weight_at()'s value exactly, subnormal, huge
+// and negative scales included. (127 is exact in bf16 and the int8 quantization takes it as 127 * 1; 127 w
+// is exact in fp32.)
 TEST_P(Int4Isa, DecodesEveryColumnExactly) {
   for (int64_t K : {160, 192, 320})
     for (int64_t g : {32, 64}) {
       if (K % g != 0) continue;
       const Int4Weight w = make_int4(9, K, g, static_cast<uint32_t>(K + g));
       std::vector<float> x(static_cast<size_t>(K * K), 0.0f);
-      for (int64_t k = 0; k < K; ++k) x[static_cast<size_t>(k * K + k)] = 1.0f;
+      for (int64_t k = 0; k < K; ++k) x[static_cast<size_t>(k * K + k)] = 127.0f;
       std::vector<float> y(static_cast<size_t>(K * 9));
       linear(isa(), x.data(), K, K, w.view, 0, 9, y.data(), 9);
       for (int64_t k = 0; k < K; ++k)
         for (int64_t n = 0; n < 9; ++n)
-          ASSERT_EQ(y[static_cast<size_t>(k * 9 + n)], weight_at(w.view, n, k)) << "K=" << K << " g=" << g << " k=" << k << " n=" << n;
+          ASSERT_EQ(y[static_cast<size_t>(k * 9 + n)], 127.0f * weight_at(w.view, n, k)) << "K=" << K << " g=" << g << " k=" << k << " n=" << n;
     }
 }
 
@@ -236,8 +258,50 @@ TEST_P(Int4Isa, Bf16DotPathStaysWithinItsBoundOfTheExactPath) {
   EXPECT_LT(err / norm, 1e-2);
 }
 
+// A NaN or an infinity in x reaches that token's outputs on every path (the int8 quantization gives its
+// 32 columns a NaN scale), and no other token's.
+TEST_P(Int4Isa, NonFiniteXReachesItsTokenOnly) {
+  const Int4Weight w = make_int4(6, 256, 32, 8);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<float> x = make_x(3, 256, 2);
+    x[1 * 256 + 77] = bad;
+    std::vector<float> y(18);
+    linear(isa(), x.data(), 3, 256, w.view, 0, 6, y.data(), 6);
+    for (int64_t m = 0; m < 3; ++m)
+      for (int64_t n = 0; n < 6; ++n)
+        EXPECT_EQ(std::isfinite(y[static_cast<size_t>(m * 6 + n)]), m != 1) << bad << " m=" << m << " n=" << n;
+  }
+}
+
+// The int8 path is really a different path from the exact AVX2 one (some bits differ), agrees with it within
+// x's quantization, and for other weight types is the exact AVX2 path.
+TEST_P(Int4Isa, Int8PathStaysWithinItsBoundOfTheExactPath) {
+  if (isa() != Isa::kAvx2Int8) GTEST_SKIP() << "only for avx2int8";
+  const int64_t M = 9, N = 21, K = 2048;
+  Int4Weight w = make_int4(N, K, 32, 11);
+  for (auto& s : w.scales)
+    if (std::fabs(bf16_to_f32(s)) > 1.0f) s = f32_to_bf16(0.25f);
+  const std::vector<float> x = make_x(M, K, 12);
+  std::vector<float> q8(static_cast<size_t>(M * N)), exact(q8.size());
+  linear(isa(), x.data(), M, K, w.view, 0, N, q8.data(), N);
+  linear(Isa::kAvx2, x.data(), M, K, w.view, 0, N, exact.data(), N);
+  EXPECT_NE(std::memcmp(q8.data(), exact.data(), q8.size() * sizeof(float)), 0);
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < q8.size(); ++i) {
+    err += std::fabs(q8[i] - exact[i]);
+    norm += std::fabs(exact[i]);
+  }
+  EXPECT_LT(err / norm, 1e-2);
+  std::vector<uint16_t> bf16(static_cast<size_t>(N * K), f32_to_bf16(0.5f));
+  for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = f32_to_bf16(static_cast<float>(i % 13) * 0.01f - 0.06f);
+  const WeightView b{.dtype = DType::kBF16, .data = bf16.data(), .rows = N, .cols = K};
+  linear(isa(), x.data(), M, K, b, 0, N, q8.data(), N);
+  linear(Isa::kAvx2, x.data(), M, K, b, 0, N, exact.data(), N);
+  EXPECT_EQ(std::memcmp(q8.data(), exact.data(), q8.size() * sizeof(float)), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, Int4Isa,
-                         ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16),
+                         ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAvx2Int8),
                          [](const ::testing::TestParamInfo<Isa>& p) { return std::string(isa_name(p.param)); });
 
 }  // namespace

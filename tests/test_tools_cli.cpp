@@ -163,6 +163,12 @@ TEST_F(Cli, CheckPassesOnTheCheckpointAndTinyFamilies) {
     EXPECT_NE(r.status, 0) << r.out;
     EXPECT_NE(r.out.find("--isa avx512bf16"), std::string::npos) << r.out;
   }
+  // The int8-activation int4 kernels, on the tiny int4 families: bitwise across schedules, within 3e-2.
+  if (isa_supported(Isa::kAvx2Int8)) {
+    r = run("check --tiny --tokens 1,4 --isa avx2int8");
+    EXPECT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("tolerance 3.0e-02"), std::string::npos) << r.out;
+  }
 }
 
 TEST_F(Cli, BenchWritesTableJsonAndPlot) {

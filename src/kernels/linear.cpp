@@ -37,18 +37,29 @@ std::string_view isa_name(Isa isa) {
     case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
     case Isa::kAvx512Bf16: return "avx512bf16";
+    case Isa::kAvx2Int8: return "avx2int8";
   }
   return "?";
 }
 
 std::optional<Isa> parse_isa(std::string_view name) {
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16})
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAvx2Int8})
     if (isa_name(isa) == name) return isa;
   return std::nullopt;
 }
 
 bool rounds_x_to_bf16(Isa isa, DType weights) {
   return isa == Isa::kAvx512Bf16 && weights != DType::kF32;
+}
+
+bool quantizes_x_to_int8(Isa isa, DType weights) { return isa == Isa::kAvx2Int8 && weights == DType::kInt4; }
+
+Isa exact_isa(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512Bf16: return Isa::kAvx512;
+    case Isa::kAvx2Int8: return Isa::kAvx2;
+    default: return isa;
+  }
 }
 
 bool isa_supported(Isa isa) {
@@ -58,11 +69,13 @@ bool isa_supported(Isa isa) {
     case Isa::kAvx2: return f.avx2 && f.fma && f.f16c;
     case Isa::kAvx512: return f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.fma && f.f16c;
     case Isa::kAvx512Bf16: return isa_supported(Isa::kAvx512) && f.avx512bf16;
+    case Isa::kAvx2Int8: return isa_supported(Isa::kAvx2);
   }
   return false;
 }
 
-// kAvx512Bf16 is never the default: it rounds x to bf16 (see linear_avx512bf16.cpp), so it is opt-in.
+// kAvx512Bf16 and kAvx2Int8 are never the default: they approximate x (linear_avx512bf16.cpp,
+// linear_int4_avx2int8.cpp), so they are opt-in.
 Isa best_isa() {
   for (Isa isa : {Isa::kAvx512, Isa::kAvx2})
     if (isa_supported(isa)) return isa;
@@ -86,6 +99,7 @@ void linear_from_n0(Isa isa, const float* x, int64_t M, int64_t ldx, const Weigh
       case Isa::kAvx512: detail::linear_int4_avx512(x, M, ldx, w, n0, n1, y, ldy); return;
       case Isa::kAvx512Bf16: detail::linear_int4_avx512bf16(x, M, ldx, w, n0, n1, y, ldy); return;
       case Isa::kAvx2: detail::linear_int4_avx2(x, M, ldx, w, n0, n1, y, ldy); return;
+      case Isa::kAvx2Int8: detail::linear_int4_avx2int8(x, M, ldx, w, n0, n1, y, ldy); return;
       case Isa::kScalar: break;
     }
     return detail::linear_scalar(x, M, ldx, w, n0, n1, y, ldy);
@@ -93,7 +107,8 @@ void linear_from_n0(Isa isa, const float* x, int64_t M, int64_t ldx, const Weigh
   switch (isa) {
     case Isa::kAvx512: detail::linear_avx512(x, M, ldx, w, n0, n1, y, ldy); return;
     case Isa::kAvx512Bf16: detail::linear_avx512bf16(x, M, ldx, w, n0, n1, y, ldy); return;
-    case Isa::kAvx2: detail::linear_avx2(x, M, ldx, w, n0, n1, y, ldy); return;
+    case Isa::kAvx2:
+    case Isa::kAvx2Int8: detail::linear_avx2(x, M, ldx, w, n0, n1, y, ldy); return;
     case Isa::kScalar: break;
   }
   detail::linear_scalar(x, M, ldx, w, n0, n1, y, ldy);
@@ -107,7 +122,7 @@ void linear(Isa isa, const float* x, int64_t M, int64_t ldx, const WeightView& w
 
 void linear_exact(Isa isa, const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1,
                   float* y, int64_t ldy) {
-  linear_from_n0(isa == Isa::kAvx512Bf16 ? Isa::kAvx512 : isa, x, M, ldx, w, n0, n1, y + n0, ldy);
+  linear_from_n0(exact_isa(isa), x, M, ldx, w, n0, n1, y + n0, ldy);
 }
 
 namespace {

@@ -18,15 +18,26 @@
 
 namespace moe {
 
-// The instruction sets a kernel can run on, chosen at run time (best available by default).
-enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAvx512Bf16 };
+// The instruction sets a kernel can run on, chosen at run time (best available by default). Two of them are
+// opt-in and approximate x (never best_isa()): avx512bf16 rounds it to bf16 for bf16, fp8 and int4 weights;
+// avx2int8 quantizes it to int8 per 32 columns for int4 weights (the AVX2 kernels otherwise).
+enum class Isa : uint8_t { kScalar, kAvx2, kAvx512, kAvx512Bf16, kAvx2Int8 };
 std::string_view isa_name(Isa isa);
-// The ISA named `name` ("scalar", "avx2", "avx512", "avx512bf16"), or nullopt.
+// The ISA named `name` ("scalar", "avx2", "avx512", "avx512bf16", "avx2int8"), or nullopt.
 std::optional<Isa> parse_isa(std::string_view name);
 // Whether `isa` runs matrices of `weights` on bf16 dot products with x rounded to bf16 (avx512bf16 on bf16,
 // fp8 and int4 weights): their error bound is ~2^-9 per product, and their arithmetic peak the bf16-dot one.
 bool rounds_x_to_bf16(Isa isa, DType weights);
-Isa best_isa();  // the best exact fp32 ISA this CPU supports and this build compiled (never avx512bf16)
+// Whether `isa` runs matrices of `weights` on int8 dot products with x quantized to int8 (avx2int8 on int4
+// weights): symmetric, one fp32 scale per 32 columns of each token, error <= 2^-8 of the block's max |x|.
+bool quantizes_x_to_int8(Isa isa, DType weights);
+// Either of the two: the product of x and these weights is not the exact fp32 one.
+inline bool approximates_x(Isa isa, DType weights) {
+  return rounds_x_to_bf16(isa, weights) || quantizes_x_to_int8(isa, weights);
+}
+// The exact ISA whose kernels run where `isa` does not approximate x (avx512bf16 -> avx512, avx2int8 -> avx2).
+Isa exact_isa(Isa isa);
+Isa best_isa();  // the best exact fp32 ISA this CPU supports and this build compiled (never an opt-in one)
 bool isa_supported(Isa isa);
 // Throws std::invalid_argument naming `who` and the ISA when this CPU (or build) lacks it.
 void require_isa(Isa isa, const char* who);
@@ -35,8 +46,8 @@ void require_isa(Isa isa, const char* who);
 void linear(Isa isa, const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
             int64_t ldy);
 
-// linear() with fp32 activations whatever the ISA: the opt-in avx512bf16 path (x rounded to bf16)
-// falls back to avx512 here. For the router and the shared-expert gate, whose few outputs decide the
+// linear() with fp32 activations whatever the ISA: the opt-in ISAs that approximate x run exact_isa()
+// here. For the router and the shared-expert gate, whose few outputs decide the
 // routing and must not flip on a rounding of x (DeepSeek-V3 and SGLang compute the gate in fp32, too).
 void linear_exact(Isa isa, const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
                   int64_t ldy);

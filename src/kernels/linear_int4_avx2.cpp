@@ -21,40 +21,16 @@
 #include <cstring>
 
 #include "kernels/dtype.h"
-#include "kernels/int4_rows.h"
+#include "kernels/int4_avx2.h"
 #include "kernels/linear_isa.h"
 
 namespace moe::detail {
 
 namespace {
 
-constexpr int64_t kBlockCols = 64;  // 8 words
+constexpr int64_t kBlockCols = kInt4Avx2BlockCols;
 constexpr int64_t kXtFloats = 32 * 1024;
 constexpr int kSubTokens = 2;  // 16 registers: 2 tokens per pass
-
-inline float scale_at(const uint16_t* row_scales, int64_t i, int64_t n) { return i < n ? bf16_to_f32(row_scales[i]) : 0.0f; }
-
-// Lane l = the scale of column 64b + 8l; zero past K.
-inline __m256 scale_vector(const Int4Matrix& w, const uint16_t* row_scales, int64_t b) {
-  if (w.group == 32) {
-    const __m128 lo = _mm_set1_ps(scale_at(row_scales, 2 * b, w.scales_per_row));
-    const __m128 hi = _mm_set1_ps(scale_at(row_scales, 2 * b + 1, w.scales_per_row));
-    return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
-  }
-  return _mm256_set1_ps(bf16_to_f32(row_scales[b * kBlockCols / w.group]));  // K % 64 == 0: no partial block
-}
-
-inline float hsum8(__m256 v) {
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  b = _mm_add_ss(b, _mm_movehdup_ps(b));
-  return _mm_cvtss_f32(b);
-}
-
-inline __m256i word_mask(int64_t left) {
-  alignas(32) static constexpr int32_t kOnes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kOnes + 8 - left));
-}
 
 // y[t * ldy + r * run] for t < T, r < R: rows n + r * run against T tokens of xt (ldxt floats apart).
 // Streamed in: with runs, each row's words kInt4RunLeadBytes ahead of its reads and its scales as far ahead

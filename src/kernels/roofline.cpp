@@ -163,7 +163,8 @@ uint64_t read_once(Isa isa, const void* p, size_t n, ReadPattern pattern) {
   switch (isa) {
     case Isa::kAvx512:
     case Isa::kAvx512Bf16: return seq ? read_seq_avx512(q, n) : read_avx512(q, n);
-    case Isa::kAvx2: return seq ? read_seq_avx2(q, n) : read_avx2(q, n);
+    case Isa::kAvx2:
+    case Isa::kAvx2Int8: return seq ? read_seq_avx2(q, n) : read_avx2(q, n);
     case Isa::kScalar: break;
   }
   return read_scalar(q, n);
@@ -274,7 +275,7 @@ double measure_peak_gflops(int threads, PeakKind kind, Isa isa) {
     fn = dot_bf16, flops_per_iter = 12.0 * 16 * 4;
   } else if (wide && has_avx512()) {
     fn = fma_avx512, flops_per_iter = 12.0 * 16 * 2;
-  } else if ((wide || isa == Isa::kAvx2) && has_avx2_fma()) {
+  } else if ((wide || exact_isa(isa) == Isa::kAvx2) && has_avx2_fma()) {
     fn = fma_avx2, flops_per_iter = 12.0 * 8 * 2;
   } else {
     return 0.0;

@@ -56,7 +56,7 @@ double measure_dram_read_gbps(int threads, const void* buffer, size_t bytes, Isa
 // The probe's read loop over [p, p + n), p 64-byte aligned and n a multiple of 1 KiB: every byte is loaded
 // once, and the result is the XOR of all the 64-bit words, so no read can be dropped. Timed over a buffer far
 // larger than the caches, it measures the read bandwidth of the moment. `isa` must be supported
-// (isa_supported): kAvx512 and kAvx512Bf16 run 512-bit loads, kAvx2 256-bit ones, kScalar 64-bit words (one
+// (isa_supported): kAvx512 and kAvx512Bf16 run 512-bit loads, kAvx2 and kAvx2Int8 256-bit ones, kScalar 64-bit words (one
 // pattern only); the result is the same on every ISA and pattern.
 uint64_t read_once(Isa isa, const void* p, size_t n, ReadPattern pattern = ReadPattern::kRuns);
 inline uint64_t read_once(const void* p, size_t n) { return read_once(read_isa(), p, n); }

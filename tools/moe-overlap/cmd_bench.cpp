@@ -272,7 +272,7 @@ void run_bench(const BenchOptions& o) {
   Isa read_loop = read_isa();
   if (!o.read_isa.empty()) {
     const std::optional<Isa> named = parse_isa(o.read_isa);
-    if (!named || *named == Isa::kAvx512Bf16)
+    if (!named || exact_isa(*named) != *named)
       throw std::invalid_argument("--read-isa: expected scalar, avx2 or avx512, got '" + o.read_isa + "'");
     require_isa(*named, "--read-isa");
     read_loop = *named;

@@ -98,9 +98,11 @@ void add_schedule_option(CLI::App* cmd, std::string& schedule) {
 
 void add_isa_option(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--isa", o.isa,
-                  "kernel instruction set: auto (best exact fp32 one), scalar, avx2, avx512, or avx512bf16 "
-                  "(vdpbf16ps: bf16/fp8/int4 expert weights against x rounded to bf16, up to 2x faster when compute-bound)")
-      ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512", "avx512bf16"}))
+                  "kernel instruction set: auto (best exact fp32 one), scalar, avx2, avx512, avx512bf16 "
+                  "(vdpbf16ps: bf16/fp8/int4 expert weights against x rounded to bf16, up to 2x faster when "
+                  "compute-bound), or avx2int8 (int4 expert weights against x quantized to int8 per 32 columns, "
+                  "as llama.cpp's q8 activations; the avx2 kernels for other weights)")
+      ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512", "avx512bf16", "avx2int8"}))
       ->capture_default_str();
 }
 
