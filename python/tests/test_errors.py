@@ -77,7 +77,7 @@ def test_bad_models(tmp_path, device, checkpoints):
         mo.Layer.from_pretrained("no-such-model", device=device)
     with pytest.raises(ValueError, match="^dtype applies to presets only"):
         mo.Layer.from_pretrained(checkpoints.get("glm4_moe", "bf16"), dtype="fp8", device=device)
-    with pytest.raises(ValueError, match="^isa: expected auto, scalar, avx2, avx512 or avx512bf16, got 'sse9'"):
+    with pytest.raises(ValueError, match="^isa: expected auto, scalar, avx2, avx512, avx512bf16 or avx2int8, got 'sse9'"):
         mo.Layer.from_pretrained("qwen3-next-80b-a3b", isa="sse9", device=device)
     bad = tmp_path / "bad"
     bad.mkdir()

@@ -109,7 +109,7 @@ void add_isa_option(CLI::App* cmd, ModelOptions& o) {
 Isa kernel_isa(const std::string& name) {
   if (name == "auto") return best_isa();
   const std::optional<Isa> isa = parse_isa(name);
-  if (!isa) throw std::invalid_argument("--isa: expected auto, scalar, avx2, avx512 or avx512bf16, got '" + name + "'");
+  if (!isa) throw std::invalid_argument("--isa: expected auto, scalar, avx2, avx512, avx512bf16 or avx2int8, got '" + name + "'");
   if (!isa_supported(*isa))
     throw std::invalid_argument("--isa " + name + ": this CPU (or this build) does not support it; the best here is " +
                                 std::string(isa_name(best_isa())));
