@@ -7,6 +7,7 @@
 //     is correct.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -177,6 +178,10 @@ TEST(PlantedFaults, TheFuzzerTurnsEachFaultIntoAWrongOutput) {
         {.num_delay_runs = 2, .max_delay_us = 30, .sanitize = false});
     if (breaks_ordering(c.fault)) {
       ASSERT_FALSE(out.ok()) << c.name() << ": every fuzzed run gave the serial output";
+      // Not by chance: a serialized order (all work queued before any runs) exposes each one every time.
+      EXPECT_TRUE(std::any_of(out.failures.begin(), out.failures.end(),
+                              [](const std::string& m) { return m.find("[serialized") != std::string::npos; }))
+          << c.name() << ": only timing-dependent runs caught it: " << out.summary();
       std::printf("planted fault %s: fuzzer: %zu of %d runs wrong, first: %s\n", c.name().c_str(),
                   out.failures.size(), out.num_runs, out.failures[0].substr(0, 120).c_str());
     } else {

@@ -248,5 +248,38 @@ void check_serialized(bool reverse) {
 TEST(RuntimeFuzz, SerializeStreamsRunsOneStreamAtATime) { check_serialized(false); }
 TEST(RuntimeFuzz, SerializeReversePrefersLaterStreams) { check_serialized(true); }
 
+// hold_until_host_waits: nothing issued runs until the host waits, so a serialized run's order is the
+// preferred stream's whole queue first, however the host interleaved its launches.
+TEST(RuntimeFuzz, HoldUntilHostWaitsQueuesEverythingFirst) {
+  for (bool reverse : {false, true}) {
+    auto dev = make_cpu_device(
+        fuzzed({.seed = 7, .serialize_streams = true, .serialize_reverse = reverse, .hold_until_host_waits = true}, 2));
+    Stream first = dev->create_stream(kPriorityDefault, "first");
+    Stream second = dev->create_stream(kPriorityDefault, "second");
+    std::atomic<int> ran{0};
+    std::vector<std::string> order;  // one stream at a time: the tiles never run concurrently
+    for (int i = 0; i < 3; ++i)
+      for (Stream* s : {&second, &first})  // the less preferred stream issues first
+        s->launch({.name = s->name(), .num_tiles = 1, .tile = [&, s](int) {
+                     order.push_back(s->name());
+                     ++ran;
+                   }});
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(ran.load(), 0) << "work ran before the host waited";
+    EXPECT_FALSE(first.query());
+    dev->synchronize();
+    const std::string a = reverse ? "second" : "first", b = reverse ? "first" : "second";
+    EXPECT_EQ(order, (std::vector<std::string>{a, a, a, b, b, b})) << "reverse " << reverse;
+    // Held again after the wait; an event's wait releases it too.
+    first.launch({.name = "late", .num_tiles = 1, .tile = [&](int) { ++ran; }});
+    Event e;
+    first.record(e);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(ran.load(), 6);
+    e.synchronize();
+    EXPECT_EQ(ran.load(), 7);
+  }
+}
+
 }  // namespace
 }  // namespace moe::rt

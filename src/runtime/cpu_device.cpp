@@ -187,9 +187,21 @@ uint64_t CpuCore::enqueue_wait(const std::shared_ptr<StreamImpl>& si, const Even
 
 // ---- host waiting --------------------------------------------------------------------------------------
 
-// Spins briefly (a finishing op usually completes within microseconds), then sleeps until `done` holds.
+// Under fuzz.hold_until_host_waits, releases what was held for as long as it waits.
 void CpuCore::wait_until(std::unique_lock<std::mutex>& lk, const std::function<bool()>& done) {
   if (done()) return;
+  const bool held = options_.fuzz.hold_until_host_waits;
+  if (held) {
+    ++host_waits_;
+    gen_.fetch_add(1, std::memory_order_release);  // every idle worker picks again
+    work_cv_.notify_all();
+  }
+  block_until(lk, done);
+  if (held) --host_waits_;
+}
+
+// Spins briefly (a finishing op usually completes within microseconds), then sleeps until `done` holds.
+void CpuCore::block_until(std::unique_lock<std::mutex>& lk, const std::function<bool()>& done) {
   if (options_.spin_us > 0) {
     uint64_t g = gen_.load(std::memory_order_acquire);  // before unlocking: a completion after it changes gen_
     lk.unlock();

@@ -196,6 +196,7 @@ class CpuCore : public DeviceCore {
   void idle(std::unique_lock<std::mutex>& lk);
   void pin_workers();
   void wait_until(std::unique_lock<std::mutex>& lk, const std::function<bool()>& done);
+  void block_until(std::unique_lock<std::mutex>& lk, const std::function<bool()>& done);
   bool all_idle() const;
 
   const CpuDeviceOptions options_;
@@ -223,6 +224,7 @@ class CpuCore : public DeviceCore {
   std::vector<std::shared_ptr<CpuStream>> streams_;  // creation order; owns the streams
   std::vector<CpuStream*> order_;                    // scheduling order: priority, then creation
   CpuStream* serial_owner_ = nullptr;  // fuzz.serialize_streams: the stream whose op is running
+  int host_waits_ = 0;                 // host threads inside wait_until (fuzz.hold_until_host_waits)
   std::mt19937_64 rng_;
   bool tracing_ = false;
   Trace trace_;

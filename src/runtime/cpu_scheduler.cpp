@@ -104,6 +104,7 @@ void CpuCore::idle(std::unique_lock<std::mutex>& lk) {
 }
 
 bool CpuCore::pick(CpuWork& work) {
+  if (options_.fuzz.hold_until_host_waits && host_waits_ == 0) return false;
   int64_t now = num_poll_heads_ > 0 ? now_ns() : 0;
   for (CpuStream* s : order_) {
     if (pick_from(*s, work, now)) return true;

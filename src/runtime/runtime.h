@@ -194,6 +194,11 @@ struct FuzzOptions {
   // is running. With `serialize_reverse`, streams created later are preferred (the other order).
   bool serialize_streams = false;
   bool serialize_reverse = false;
+  // Start nothing until the host waits (a synchronize of the device, a stream or an event; while it waits,
+  // the work runs as usual). So everything the host issued before it waits is queued before any of it runs,
+  // as when a GPU's host runs far ahead of the device, and the serialized orders no longer depend on how far
+  // the host got before the workers picked. A host that spins on query() without waiting never sees progress.
+  bool hold_until_host_waits = false;
 };
 
 struct CpuDeviceOptions {

@@ -57,7 +57,7 @@ std::vector<FuzzSetting> fuzz_plan(const FuzzConfig& config) {
   plan.push_back({"baseline", base(), false});
   if (poison) plan.push_back({"poisoned", base(), true});
   CpuDeviceOptions fwd = base();
-  fwd.fuzz = {.seed = config.seed, .serialize_streams = true};
+  fwd.fuzz = {.seed = config.seed, .serialize_streams = true, .hold_until_host_waits = true};
   plan.push_back({"serialized, creation order", fwd, poison});
   CpuDeviceOptions rev = fwd;
   rev.fuzz.serialize_reverse = true;

@@ -65,7 +65,8 @@ struct FuzzConfig {
   bool sanitize = true;  // attach a collecting sanitizer to every run; any report is a failure
 };
 
-// baseline (no fuzzing, no poison), poisoned, serialized in creation order and in reverse, shuffled tiles,
+// baseline (no fuzzing, no poison), poisoned, serialized in creation order and in reverse (each holding the
+// work until the host waits, so that the order does not depend on how far the host got), shuffled tiles,
 // random delays.
 std::vector<FuzzSetting> fuzz_plan(const FuzzConfig& config);
 
