@@ -268,5 +268,19 @@ TEST(BenchReport, TableAndJsonShowBothFractionsAndTheReadLoop) {
   EXPECT_EQ(j["results"][0]["bandwidth_fraction"].get<double>(), 0.9);
 }
 
+// The kernels that run on 256-bit vectors (avx2, and avx2int8 for everything but its int8 products) name
+// that peak beside the machine's on an AVX-512 CPU; the AVX-512 ones do not.
+TEST(BenchReport, The256BitKernelsNameTheirPeak) {
+  for (const char* isa : {"avx2", "avx2int8", "avx512", "avx512bf16"}) {
+    BenchReport r;
+    r.machine.isa = isa;
+    r.machine.fp32_gflops = 440;
+    r.machine.avx2_fp32_gflops = 220;
+    const bool narrow = std::string(isa).rfind("avx2", 0) == 0;
+    EXPECT_EQ(bench_table(r).find("fp32 FMA 440 GFLOP/s (256-bit: 220, the kernels' peak)") != std::string::npos, narrow)
+        << isa << ":\n" << bench_table(r);
+  }
+}
+
 }  // namespace
 }  // namespace moe::tools

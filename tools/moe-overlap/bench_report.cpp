@@ -16,7 +16,9 @@ std::string bench_table(const BenchReport& r) {
   char line[320];
   s << r.model << "\n" << r.method << "\n";
   char avx2_peak[64] = "";  // the AVX2 kernels' own peak where it is not the machine's
-  if (r.machine.isa == "avx2" && r.machine.avx2_fp32_gflops > 0 && r.machine.avx2_fp32_gflops != r.machine.fp32_gflops)
+  const std::optional<Isa> kernels = parse_isa(r.machine.isa);  // avx2 and avx2int8 run on 256-bit vectors
+  if (kernels && exact_isa(*kernels) == Isa::kAvx2 && r.machine.avx2_fp32_gflops > 0 &&
+      r.machine.avx2_fp32_gflops != r.machine.fp32_gflops)
     std::snprintf(avx2_peak, sizeof avx2_peak, " (256-bit: %.0f, the kernels' peak)", r.machine.avx2_fp32_gflops);
   std::snprintf(line, sizeof line,
                 "machine: %s, %d threads: read %.1f GB/s at start (%s read loop, %s), best %.1f GB/s in the run, fp32 "
