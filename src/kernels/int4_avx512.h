@@ -80,6 +80,9 @@ void int4_micro(const Dot& dot, const typename Dot::XElem* xc, int64_t ldxc, con
                 float* y, int64_t ldy) {
   constexpr int kSteps = Dot::kSteps;
   constexpr int64_t kStepElems = kInt4BlockCols / kSteps;
+  // Spelled out rather than int4_row_pointers() and words_end() (int4_rows.h), as the AVX2 kernels have it:
+  // with those GCC 12 compiled this kernel 15% slower at 8 tokens (512 x 2048 from L2 on a Zen 4 core, 130
+  // against 112 us), though the arithmetic is the same.
   const char* words_end = reinterpret_cast<const char*>(w.words + w.rows * w.words_per_row);
   const char* scales_end = reinterpret_cast<const char*>(w.scales + w.rows * w.scales_per_row);
   const uint32_t* rows[R];

@@ -20,6 +20,9 @@ struct Int4Matrix {
 
   // Byte offset in a row's scales of the scale of block b's first column.
   int64_t scale_offset(int64_t b) const { return ((b * block_words * 8) >> group_shift) * 2; }
+  // Where the arrays end: no prefetch goes past them.
+  const char* words_end() const { return reinterpret_cast<const char*>(words + rows * words_per_row); }
+  const char* scales_end() const { return reinterpret_cast<const char*>(scales + rows * scales_per_row); }
 
   Int4Matrix(const WeightView& w, int64_t block_words_)
       : words(static_cast<const uint32_t*>(w.data)),
@@ -44,6 +47,22 @@ struct RowRuns {
 // scales as far ahead in their own array. The kernels keep their row and prefetch pointers in local arrays:
 // the same pointers in a struct (or a streaming helper object) measured 5-15% slower.
 inline constexpr int64_t kInt4RunLeadBytes = 2048;
+
+// Fills a micro-kernel's local arrays for rows `at`: each row's words and scales, and where each is streamed
+// from kInt4RunLeadBytes ahead (with runs). Returns where the next R rows start (adjacent rows stream those).
+template <int R>
+[[gnu::always_inline]] inline const char* int4_row_pointers(const Int4Matrix& w, RowRuns at, const uint32_t* (&rows)[R],
+                                                            const uint16_t* (&srows)[R], const char* (&ahead)[R],
+                                                            const char* (&sahead)[R]) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    rows[r] = w.words + (at.n + r * at.run) * w.words_per_row;
+    srows[r] = w.scales + (at.n + r * at.run) * w.scales_per_row;
+    ahead[r] = reinterpret_cast<const char*>(rows[r]) + kInt4RunLeadBytes;
+    sahead[r] = reinterpret_cast<const char*>(srows[r]) + w.scale_offset(kInt4RunLeadBytes / 4 / w.block_words);
+  }
+  return reinterpret_cast<const char*>(rows[0] + R * w.words_per_row);
+}
 
 }  // namespace
 }  // namespace moe::detail

@@ -38,19 +38,11 @@ constexpr int kSubTokens = 2;  // 16 registers: 2 tokens per pass
 template <int R, int T>
 void micro(const float* xt, int64_t ldxt, const Int4Matrix& w, RowRuns at, float* y, int64_t ldy) {
   const __m256i flip = _mm256_set1_epi32(static_cast<int>(0x88888888u));
-  const char* words_end = reinterpret_cast<const char*>(w.words + w.rows * w.words_per_row);
-  const char* scales_end = reinterpret_cast<const char*>(w.scales + w.rows * w.scales_per_row);
+  const char *words_end = w.words_end(), *scales_end = w.scales_end();
   const uint32_t* rows[R];
   const uint16_t* srows[R];
   const char *ahead[R], *sahead[R];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    rows[r] = w.words + (at.n + r * at.run) * w.words_per_row;
-    srows[r] = w.scales + (at.n + r * at.run) * w.scales_per_row;
-    ahead[r] = reinterpret_cast<const char*>(rows[r]) + kInt4RunLeadBytes;
-    sahead[r] = reinterpret_cast<const char*>(srows[r]) + w.scale_offset(kInt4RunLeadBytes / 4 / w.block_words);
-  }
-  const char* next = reinterpret_cast<const char*>(rows[0] + R * w.words_per_row);
+  const char* next = int4_row_pointers<R>(w, at, rows, srows, ahead, sahead);
   __m256 acc[R][T];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)

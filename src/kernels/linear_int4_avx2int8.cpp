@@ -110,19 +110,11 @@ void quantize_x(const float* x, int64_t T, int64_t ldx, int64_t K, int64_t block
 template <int R, int T>
 void micro(const XBlock* xq, int64_t ldxq, const Int4Matrix& w, RowRuns at, float* y, int64_t ldy) {
   const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-  const char* words_end = reinterpret_cast<const char*>(w.words + w.rows * w.words_per_row);
-  const char* scales_end = reinterpret_cast<const char*>(w.scales + w.rows * w.scales_per_row);
+  const char *words_end = w.words_end(), *scales_end = w.scales_end();
   const uint32_t* rows[R];
   const uint16_t* srows[R];
   const char *ahead[R], *sahead[R];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    rows[r] = w.words + (at.n + r * at.run) * w.words_per_row;
-    srows[r] = w.scales + (at.n + r * at.run) * w.scales_per_row;
-    ahead[r] = reinterpret_cast<const char*>(rows[r]) + kInt4RunLeadBytes;
-    sahead[r] = reinterpret_cast<const char*>(srows[r]) + w.scale_offset(kInt4RunLeadBytes / 4 / w.block_words);
-  }
-  const char* next = reinterpret_cast<const char*>(rows[0] + R * w.words_per_row);
+  const char* next = int4_row_pointers<R>(w, at, rows, srows, ahead, sahead);
   __m256 acc[R][T];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
