@@ -68,9 +68,9 @@ struct Avx512 {
     int path;
     bool big;
   };
-  static Fp8Scale fp8_scale(float s, const uint8_t* block, int n) {
+  static Fp8Scale fp8_scale(float s, const uint8_t* block, int n, bool allow_fast = true) {
     const bool big = !(s < 0x1p100f && s > -0x1p100f);
-    bool fast = s < 0x1p7f && s > -0x1p7f && n == 128;
+    bool fast = allow_fast && s < 0x1p7f && s > -0x1p7f && n == 128;
     if (fast) {
       // 2 * code + 2 (mod 256) is at most 16 exactly for the magnitudes 0x7f (NaN), 0 and 1..7 (subnormal).
       const __m512i two = _mm512_set1_epi8(2), b0 = _mm512_loadu_si512(block), b1 = _mm512_loadu_si512(block + 64);
