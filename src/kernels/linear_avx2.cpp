@@ -68,8 +68,8 @@ struct Avx2 {
   // the NaN codes masked in. One thread, fp8 2048x7168 from DRAM on a Zen 4 core, every block on the fp16
   // route -> the fast path: 1 / 2 / 3 / 5 / 8 tokens 1345 / 1540 / 1695 / 3120-3355 / 3780-4240 -> 1004 /
   // 1222 / 1400 / 2830-2950 / 3545 us; 4 tokens keeps the fp16 route (dot_rows).
-  // One register per row (at 3-4 tokens the runs' 12 accumulators and their scales fill the 16; with a
-  // second one, as on AVX-512, 4 tokens ran 1.3x slower). Rows decoded together take the slowest of their
+  // One register per row (at 3-4 tokens the runs' accumulators and their scales fill the 16; two, as on
+  // AVX-512, measured the same at 1-3 tokens). Rows decoded together take the slowest of their
   // paths, so a row on the fast path may be decoded on another: its scale * 2^8 is then s * 2^-112, the
   // same bits (|scale| < 2^7 on the fast path, so s is normal and the product is rounded once).
   struct Fp8Scale {
