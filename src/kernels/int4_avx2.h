@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/dtype.h"
 #include "kernels/int4_rows.h"
@@ -25,6 +26,21 @@ inline __m256 scale_vector(const Int4Matrix& w, const uint16_t* row_scales, int6
     return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
   }
   return _mm256_set1_ps(bf16_to_f32(row_scales[b * kInt4Avx2BlockCols / w.group]));  // K % 64 == 0: no partial block
+}
+
+// The same for a whole block (all 64 columns within K), without the bounds checks: a bf16 is the top half of
+// its fp32. Groups of 32: one 32-bit load holds both scales; one byte shuffle puts the first in the top
+// halves of lanes 0-3, the second in 4-7.
+inline __m256 whole_block_scales(const Int4Matrix& w, const uint16_t* row_scales, int64_t b) {
+  if (w.group == 32) {
+    const __m256i spread = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 0, 1, -1, -1, 0, 1, -1, -1, 0, 1,  //
+                                            -1, -1, 2, 3, -1, -1, 2, 3, -1, -1, 2, 3, -1, -1, 2, 3);
+    uint32_t two;
+    std::memcpy(&two, row_scales + 2 * b, 4);
+    return _mm256_castsi256_ps(_mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(two)), spread));
+  }
+  return _mm256_castsi256_ps(
+      _mm256_set1_epi32(static_cast<int>(uint32_t{row_scales[(b * kInt4Avx2BlockCols) >> w.group_shift]} << 16)));
 }
 
 // The fixed 8-lane tree: halves, then pairs of pairs, then the last pair.

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/dtype.h"
 #include "kernels/int4_avx2.h"
@@ -48,8 +49,10 @@ void micro(const float* xt, int64_t ldxt, const Int4Matrix& w, RowRuns at, float
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < w.blocks; ++b) {
-    const int64_t left = std::min<int64_t>(8, w.words_per_row - b * 8);
+  // Block b; whole: all its 64 columns within K (no length check, whole_block_scales).
+  const auto block = [&](int64_t b, auto whole) __attribute__((always_inline)) {
+    constexpr bool kWhole = decltype(whole)::value;
+    const int64_t left = kWhole ? 8 : std::min<int64_t>(8, w.words_per_row - b * 8);
     __m256i wv[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
@@ -93,11 +96,15 @@ void micro(const float* xt, int64_t ldxt, const Int4Matrix& w, RowRuns at, float
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m256 sv = scale_vector(w, srows[r], b);
+      const __m256 sv = kWhole ? whole_block_scales(w, srows[r], b) : scale_vector(w, srows[r], b);
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(part[r][t], sv, acc[r][t]);
     }
-  }
+  };
+  const int64_t whole = w.words_per_row / 8;
+  int64_t b = 0;
+  for (; b < whole; ++b) block(b, std::true_type{});
+  for (; b < w.blocks; ++b) block(b, std::false_type{});  // a partial block (K % 64 == 32)
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < R; ++r) y[t * ldy + r * at.run] = hsum8(acc[r][t]);
 }

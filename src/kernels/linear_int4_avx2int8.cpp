@@ -135,18 +135,6 @@ void micro(const XBlock* xq, int64_t ldxq, const Int4Matrix& w, RowRuns at, floa
       acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(_mm256_load_ps(xb.d), sv), acc[r][t]);
     }
   };
-  // Block b's scale vector of a whole block: a bf16 is the top half of its fp32. Groups of 32: one 32-bit
-  // load holds both; one byte shuffle puts the first in the top halves of lanes 0-3, the second in 4-7.
-  const __m256i spread = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 0, 1, -1, -1, 0, 1, -1, -1, 0, 1,  //
-                                          -1, -1, 2, 3, -1, -1, 2, 3, -1, -1, 2, 3, -1, -1, 2, 3);
-  const auto whole_scales = [&](const uint16_t* row_scales, int64_t b) {
-    if (w.group == 32) {
-      uint32_t two;
-      std::memcpy(&two, row_scales + 2 * b, 4);
-      return _mm256_castsi256_ps(_mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(two)), spread));
-    }
-    return _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(uint32_t{row_scales[(b * kBlockCols) >> w.group_shift]} << 16)));
-  };
   // Before even block b: one line per row (a block is half a line), and with runs the scales' next line
   // once every 64 bytes of them. always_inline: GCC counts a prefetch as free of side effects, deems a
   // lambda that only prefetches pure and deletes its calls (linear_simd.h); without it the object file held
@@ -173,7 +161,7 @@ void micro(const XBlock* xq, int64_t ldxq, const Int4Matrix& w, RowRuns at, floa
     for (int64_t i = b; i < b + 2; ++i)
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r)
-        step(r, i, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r] + i * 8)), whole_scales(srows[r], i));
+        step(r, i, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r] + i * 8)), whole_block_scales(w, srows[r], i));
   }
   for (; b < w.blocks; ++b) {  // a last whole block, a partial one (K % 64 == 32), or both
     if ((b & 1) == 0) prefetch(b);
