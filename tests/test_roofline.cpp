@@ -10,11 +10,11 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <functional>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -113,9 +113,9 @@ double median_of(std::vector<double> v) {
 // Over 256 MiB (well above any last-level cache), the probe's reading on each vector ISA the CPU has (the
 // best one, read_isa(), among them) against the plain loop of the same width, one and two threads. Each
 // round times the loops back to back, in every order in turn (a read ran slower right after the runs pattern
-// on a Zen 4 guest), so that the two of a pair see the same mode of the machine's memory; the probe's pattern is the one of lower median time, as
-// measure_read_bandwidth_gbps picks it, and the median over the rounds of plain time / probe time must be at
-// least 0.95. (The best read of each over the rounds, compared before, differed by up to 14% between two
+// on a Zen 4 guest), so that the two of a pair see the same mode of the machine's memory. The probe's
+// pattern is the one of lower median time, as measure_read_bandwidth_gbps picks it, and the median over the
+// rounds of plain time / probe time must be at least 0.95. (The best read of each over the rounds, compared before, differed by up to 14% between two
 // identical loops on a Zen 4 guest whose memory was in a fast mode; the median of paired ratios stayed within
 // 0.965-1.01.) Planted: the same loop reading an eighth more (a 0.89 rate) must fail it. The scalar loop
 // (read_once on kScalar) fails it too on one thread: 0.83-0.93 on that guest, 0.87-0.90 on a Zen 5 one.
@@ -167,9 +167,10 @@ TEST(Roofline, ProbeReadsAsFastAsPlainVectorLoop) {
                                std::to_string(slice * threads / median_of(sec[kPlainLoop]) / 1e9) + " GB/s, probe (" +
                                std::string(read_pattern_name(pick == kRunsLoop ? ReadPattern::kRuns : ReadPattern::kSequential)) +
                                ") ";
-      std::printf("%s%.3f of it, the planted slower loop %.3f\n", what.c_str(), ratio(pick), ratio(kPlantedLoop));
-      EXPECT_GE(ratio(pick), 0.95) << what << ratio(pick) << " of it (median of " << rounds << " paired rounds)";
-      EXPECT_LT(ratio(kPlantedLoop), 0.95) << what << "; the planted slower loop passed: " << ratio(kPlantedLoop);
+      const double probe_ratio = ratio(pick), planted_ratio = ratio(kPlantedLoop);
+      std::printf("%s%.3f of it, the planted slower loop %.3f\n", what.c_str(), probe_ratio, planted_ratio);
+      EXPECT_GE(probe_ratio, 0.95) << what << probe_ratio << " of it (median of " << rounds << " paired rounds)";
+      EXPECT_LT(planted_ratio, 0.95) << what << "; the planted slower loop passed: " << planted_ratio;
     }
   }
   munmap(mem, kBytes);

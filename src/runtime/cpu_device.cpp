@@ -190,14 +190,14 @@ uint64_t CpuCore::enqueue_wait(const std::shared_ptr<StreamImpl>& si, const Even
 // Under fuzz.hold_until_host_waits, releases what was held for as long as it waits.
 void CpuCore::wait_until(std::unique_lock<std::mutex>& lk, const std::function<bool()>& done) {
   if (done()) return;
-  const bool held = options_.fuzz.hold_until_host_waits;
-  if (held) {
+  const bool hold = options_.fuzz.hold_until_host_waits;
+  if (hold) {
     ++host_waits_;
     gen_.fetch_add(1, std::memory_order_release);  // every idle worker picks again
     work_cv_.notify_all();
   }
   block_until(lk, done);
-  if (held) --host_waits_;
+  if (hold) --host_waits_;
 }
 
 // Spins briefly (a finishing op usually completes within microseconds), then sleeps until `done` holds.

@@ -16,8 +16,7 @@ std::string bench_table(const BenchReport& r) {
   char line[320];
   s << r.model << "\n" << r.method << "\n";
   char avx2_peak[64] = "";  // the AVX2 kernels' own peak where it is not the machine's
-  const std::optional<Isa> kernels = parse_isa(r.machine.isa);  // avx2 and avx2int8 run on 256-bit vectors
-  if (kernels && exact_isa(*kernels) == Isa::kAvx2 && r.machine.avx2_fp32_gflops > 0 &&
+  if (r.machine.on_256bit_vectors() && r.machine.avx2_fp32_gflops > 0 &&
       r.machine.avx2_fp32_gflops != r.machine.fp32_gflops)
     std::snprintf(avx2_peak, sizeof avx2_peak, " (256-bit: %.0f, the kernels' peak)", r.machine.avx2_fp32_gflops);
   std::snprintf(line, sizeof line,

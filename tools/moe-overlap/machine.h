@@ -32,7 +32,12 @@ struct MachineFigures {
   double kernel_peak_gflops(DType weights) const {
     const std::optional<Isa> kernels = parse_isa(isa);
     if (kernels && rounds_x_to_bf16(*kernels, weights)) return bf16_gflops;
-    return kernels && exact_isa(*kernels) == Isa::kAvx2 && avx2_fp32_gflops > 0 ? avx2_fp32_gflops : fp32_gflops;
+    return on_256bit_vectors() && avx2_fp32_gflops > 0 ? avx2_fp32_gflops : fp32_gflops;
+  }
+  // Whether the kernels run on 256-bit vectors (avx2, and avx2int8 outside its int8 products).
+  bool on_256bit_vectors() const {
+    const std::optional<Isa> kernels = parse_isa(isa);
+    return kernels && exact_isa(*kernels) == Isa::kAvx2;
   }
   nlohmann::json to_json() const;
 };
