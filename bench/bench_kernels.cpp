@@ -100,6 +100,15 @@ WeightView matrix(DType dt, int64_t rows, int64_t cols, int64_t i, int64_t* coun
   return w;
 }
 
+// A pool (MOE_BENCH_ROTATE_MIB) smaller than one matrix skips the benchmark, naming the size it needs.
+bool pool_holds_one(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
+  const int64_t bytes = (matrix_bytes(dt, rows, cols) + 63) / 64 * 64;  // as matrix() lays them out
+  if (static_cast<size_t>(bytes) <= Pool::get().bytes) return true;
+  const std::string need = std::to_string((bytes + (1 << 20) - 1) >> 20);
+  state.SkipWithError(("MOE_BENCH_ROTATE_MIB holds no matrix of this shape: it needs " + need + " MiB").c_str());
+  return false;
+}
+
 // x [M, cols] and y [M, rows], 64-byte aligned like the layer's workspace: a heap vector is only 16-byte
 // aligned, and every 64-byte load of x then straddles two lines, which no layer call does.
 struct Activations {
@@ -136,6 +145,7 @@ void decode(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
   const moe::Isa isa = *chosen;
   Activations a(M, rows, cols);
   float *x = a.x, *y = a.y;
+  if (!pool_holds_one(state, dt, rows, cols)) return;
   int64_t count = 0;
   matrix(dt, rows, cols, 0, &count);
   int64_t i = state.thread_index();
@@ -159,6 +169,7 @@ void prefill(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
   const moe::Isa isa = *chosen;
   Activations a(M, rows, cols);
   float *x = a.x, *y = a.y;
+  if (!pool_holds_one(state, dt, rows, cols)) return;
   int64_t count = 0;
   const WeightView w = matrix(dt, rows, cols, 0, &count);
   const int64_t n0 = rows * state.thread_index() / state.threads();
