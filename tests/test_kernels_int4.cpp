@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "kernels/dtype.h"
+#include "kernels/cpu_features.h"
 #include "kernels/linear.h"
+#include "kernels/linear_isa.h"
 #include "kernels/weight.h"
 #include "kernel_test_util.h"
 
@@ -298,6 +300,24 @@ TEST_P(Int4Isa, Int8PathStaysWithinItsBoundOfTheExactPath) {
   linear(isa(), x.data(), M, K, b, 0, N, q8.data(), N);
   linear(Isa::kAvx2, x.data(), M, K, b, 0, N, exact.data(), N);
   EXPECT_EQ(std::memcmp(q8.data(), exact.data(), q8.size() * sizeof(float)), 0);
+}
+
+// avx2int8's VNNI build (vpdpbusd) gives the plain build's bits: every token count of the kernel's blocking,
+// a half block at the end of each row, rows left over by the runs, and a NaN in x.
+TEST(Int4Int8Vnni, GivesThePlainBuildsBits) {
+  const CpuFeatures& f = cpu_features();
+  if (!(f.avx2 && f.fma && f.avx512f && f.avx512vl && f.avx512vnni)) GTEST_SKIP() << "no AVX512-VNNI here";
+  for (const int64_t K : {int64_t{96}, int64_t{2048}})
+    for (const int64_t M : {1, 2, 3, 4, 5, 8, 9}) {
+      const int64_t N = 23;
+      const Int4Weight w = make_int4(N, K, 32, 21 + M);
+      std::vector<float> x = make_x(M, K, 22 + M);
+      if (M == 5) x[static_cast<size_t>(3 * K + 7)] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<float> plain(static_cast<size_t>(M * N)), vnni(plain.size(), 1.0f);
+      detail::linear_int4_avx2int8(x.data(), M, K, w.view, 0, N, plain.data(), N);
+      detail::linear_int4_avx2int8_vnni(x.data(), M, K, w.view, 0, N, vnni.data(), N);
+      EXPECT_EQ(std::memcmp(plain.data(), vnni.data(), plain.size() * sizeof(float)), 0) << "K=" << K << " M=" << M;
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, Int4Isa,

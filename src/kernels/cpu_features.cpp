@@ -32,6 +32,7 @@ CpuFeatures detect() {
     f.avx512dq = zmm_state && bit(b, 17);
     f.avx512bw = zmm_state && bit(b, 30);
     f.avx512vl = zmm_state && bit(b, 31);
+    f.avx512vnni = zmm_state && bit(c, 11);
   }
   if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512bf16 = zmm_state && bit(a, 5);
   return f;

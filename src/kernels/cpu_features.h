@@ -7,6 +7,7 @@ namespace moe {
 struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512bf16 = false;
+  bool avx512vnni = false;  // vpdpbusd; with avx512vl also on 256-bit vectors
 };
 
 // Detected once; AVX and AVX-512 flags are cleared when the OS does not save their registers.

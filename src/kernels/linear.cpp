@@ -90,6 +90,13 @@ void require_isa(Isa isa, const char* who) {
 }
 
 namespace {
+// avx2int8 sums its products with vpdpbusd, two rows per 512-bit vector, where the CPU has AVX512-VNNI (the
+// same bits).
+bool int8_dot_vnni() {
+  const CpuFeatures& f = cpu_features();
+  return f.avx512vnni && f.avx512vl && f.avx512f;
+}
+
 // linear() with y pointing at column n0.
 void linear_from_n0(Isa isa, const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1,
                     float* y, int64_t ldy) {
@@ -99,7 +106,9 @@ void linear_from_n0(Isa isa, const float* x, int64_t M, int64_t ldx, const Weigh
       case Isa::kAvx512: detail::linear_int4_avx512(x, M, ldx, w, n0, n1, y, ldy); return;
       case Isa::kAvx512Bf16: detail::linear_int4_avx512bf16(x, M, ldx, w, n0, n1, y, ldy); return;
       case Isa::kAvx2: detail::linear_int4_avx2(x, M, ldx, w, n0, n1, y, ldy); return;
-      case Isa::kAvx2Int8: detail::linear_int4_avx2int8(x, M, ldx, w, n0, n1, y, ldy); return;
+      case Isa::kAvx2Int8:
+        if (int8_dot_vnni()) return detail::linear_int4_avx2int8_vnni(x, M, ldx, w, n0, n1, y, ldy);
+        return detail::linear_int4_avx2int8(x, M, ldx, w, n0, n1, y, ldy);
       case Isa::kScalar: break;
     }
     return detail::linear_scalar(x, M, ldx, w, n0, n1, y, ldy);

@@ -13,7 +13,11 @@
 // Layout. A 32-byte load holds the 8 words of a 64-column block; byte j holds columns 2j (low nibble) and
 // 2j + 1 (high nibble). So the low nibbles meet q[0, 2, 4, ...] and the high ones q[1, 3, 5, ...]:
 // quantize_x stores them in that order (XBlock). vpmaddubsw then vpmaddwd by ones leave in int32 lane l the
-// sum over word l.
+// sum over word l. linear_int4_avx2int8_vnni.cpp compiles this file again for CPUs with AVX512-VNNI and
+// AVX512-VL (Zen 4 and 5, Intel since Ice Lake): there vpdpbusd adds the four products per int32 lane in one
+// instruction, low nibbles then high ones, and two rows share one 512-bit vector (Lanes<2>), each in its own
+// half. Both sums are exact integers (no saturation either way) and each row's 8 lanes see the same fp32
+// operations in the same order, so the two builds give the same bits.
 //
 // Determinism contract: y[m, n] is accumulated in one vector whose lane l adds, block by block ascending,
 // float((field - 8) . q) * (d * s) by fp32 FMA, then reduced by the fixed 8-lane tree; q and d depend on the
@@ -28,6 +32,11 @@
 
 #include "kernels/int4_avx2.h"
 #include "kernels/linear_isa.h"
+
+#ifndef MOE_INT8_VNNI
+#define MOE_INT8_VNNI 0
+#define MOE_INT8_KERNEL linear_int4_avx2int8
+#endif
 
 namespace moe::detail {
 
@@ -99,6 +108,89 @@ void quantize_x(const float* x, int64_t T, int64_t ldx, int64_t K, int64_t block
       }
 }
 
+// The vector that holds G rows' 8 lanes: one row on 256 bits; in the VNNI build also two rows on 512, the
+// first in the low half. Each row's lanes see the same operations either way, so G does not change a bit.
+template <int G>
+struct Lanes;
+
+template <>
+struct Lanes<1> {
+  using I = __m256i;
+  using F = __m256;
+  static I words(const uint32_t* const* rows, int64_t b) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[0] + b * 8));
+  }
+  static I partial(const uint32_t* const* rows, int64_t b, int64_t left) {
+    const int* p = reinterpret_cast<const int*>(rows[0] + b * 8);
+    return left == 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskload_epi32(p, word_mask(left));
+  }
+  static F whole_scales(const Int4Matrix& w, const uint16_t* const* srows, int64_t b) {
+    return whole_block_scales(w, srows[0], b);
+  }
+  static F scales(const Int4Matrix& w, const uint16_t* const* srows, int64_t b) { return scale_vector(w, srows[0], b); }
+  static I low4(I words) { return _mm256_and_si256(words, _mm256_set1_epi8(0x0f)); }
+  static I high4(I words) { return low4(_mm256_srli_epi16(words, 4)); }
+  static I x(const int8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+  static I x(const int32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+  static F x(const float* p) { return _mm256_load_ps(p); }
+  // Per int32 lane: the sum over its word of low nibbles * even and high nibbles * odd.
+  static I dot(I lo, I hi, I even, I odd) {
+#if MOE_INT8_VNNI
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, even), hi, odd);
+#else
+    // Each 16-bit sum is at most 2 * 2 * 15 * 127: no saturation.
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, even), _mm256_maddubs_epi16(hi, odd)),
+                             _mm256_set1_epi16(1));
+#endif
+  }
+  static F madd(I dot, I corr, F d, F sv, F acc) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(dot, corr)), _mm256_mul_ps(d, sv), acc);
+  }
+  static F zero() { return _mm256_setzero_ps(); }
+  static void store(F acc, float* y, int64_t) { *y = hsum8(acc); }
+};
+
+#if MOE_INT8_VNNI
+template <>
+struct Lanes<2> {
+  using I = __m512i;
+  using F = __m512;
+  static I join(__m256i a, __m256i b) { return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1); }
+  static F join(__m256 a, __m256 b) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(a)), _mm256_castps_pd(b), 1));
+  }
+  static I words(const uint32_t* const* rows, int64_t b) {
+    return join(Lanes<1>::words(rows, b), Lanes<1>::words(rows + 1, b));
+  }
+  static I partial(const uint32_t* const* rows, int64_t b, int64_t left) {
+    return join(Lanes<1>::partial(rows, b, left), Lanes<1>::partial(rows + 1, b, left));
+  }
+  static F whole_scales(const Int4Matrix& w, const uint16_t* const* srows, int64_t b) {
+    return join(whole_block_scales(w, srows[0], b), whole_block_scales(w, srows[1], b));
+  }
+  static F scales(const Int4Matrix& w, const uint16_t* const* srows, int64_t b) {
+    return join(scale_vector(w, srows[0], b), scale_vector(w, srows[1], b));
+  }
+  // A 32-bit shift moves the same bits into each byte's low nibble as vpsrlw, and needs no AVX512-BW.
+  static I low4(I words) { return _mm512_and_si512(words, _mm512_set1_epi8(0x0f)); }
+  static I high4(I words) { return low4(_mm512_srli_epi32(words, 4)); }
+  static I x(const int8_t* p) { return _mm512_broadcast_i64x4(Lanes<1>::x(p)); }
+  static I x(const int32_t* p) { return _mm512_broadcast_i64x4(Lanes<1>::x(p)); }
+  static F x(const float* p) { return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_load_ps(p)))); }
+  static I dot(I lo, I hi, I even, I odd) {
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, even), hi, odd);
+  }
+  static F madd(I dot, I corr, F d, F sv, F acc) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot, corr)), _mm512_mul_ps(d, sv), acc);
+  }
+  static F zero() { return _mm512_setzero_ps(); }
+  static void store(F acc, float* y, int64_t stride) {
+    y[0] = hsum8(_mm512_castps512_ps256(acc));
+    y[stride] = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+  }
+};
+#endif
+
 // y[t * ldy + r * run] for t < T, r < R: rows n + r * run against T tokens of xq (ldxq blocks apart).
 // Streamed in as linear_int4_avx2.cpp's micro: with runs, each row's words kInt4RunLeadBytes ahead of its
 // reads and its scales as far ahead in their own array; with adjacent rows, the next R rows at the rate these
@@ -106,33 +198,30 @@ void quantize_x(const float* x, int64_t T, int64_t ldx, int64_t K, int64_t block
 // shuffle per scale vector: at 1 token the kernel is bound by its instructions, and a version that checked
 // every block's length and converted its scales one by one took 2.5x the time (41 against 17 us for
 // 512 x 2048 from L2 on a Zen 4 core, the best of 7). The two blocks are a loop of two: written out, GCC
-// kept more registers live and 2 tokens took 51 us against 30.
+// kept more registers live and 2 tokens took 51 us against 30. The VNNI build takes rows in pairs, one pair
+// per 512-bit vector, which halves the instructions per weight.
 template <int R, int T>
 void micro(const XBlock* xq, int64_t ldxq, const Int4Matrix& w, RowRuns at, float* y, int64_t ldy) {
-  const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  constexpr int G = MOE_INT8_VNNI && R % 2 == 0 ? 2 : 1;  // rows per vector
+  constexpr int V = R / G;
+  using L = Lanes<G>;
   const char *words_end = w.words_end(), *scales_end = w.scales_end();
   const uint32_t* rows[R];
   const uint16_t* srows[R];
   const char *ahead[R], *sahead[R];
   const char* next = int4_row_pointers<R>(w, at, rows, srows, ahead, sahead);
-  __m256 acc[R][T];
+  typename L::F acc[V][T];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
+  for (int v = 0; v < V; ++v)
 #pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-  // Block b of row r (its words and scale vector) against the T tokens.
-  const auto step = [&](int r, int64_t b, __m256i words, __m256 sv) {
-    const __m256i lo = _mm256_and_si256(words, low4), hi = _mm256_and_si256(_mm256_srli_epi16(words, 4), low4);
+    for (int t = 0; t < T; ++t) acc[v][t] = L::zero();
+  // Block b of vector v's rows (their words and scale vectors) against the T tokens.
+  const auto step = [&](int v, int64_t b, typename L::I words, typename L::F sv) {
+    const typename L::I lo = L::low4(words), hi = L::high4(words);
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
       const XBlock& xb = xq[t * ldxq + b];
-      // Each 16-bit sum is at most 2 * 2 * 15 * 127: no saturation.
-      const __m256i pairs =
-          _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_load_si256(reinterpret_cast<const __m256i*>(xb.even))),
-                           _mm256_maddubs_epi16(hi, _mm256_load_si256(reinterpret_cast<const __m256i*>(xb.odd))));
-      const __m256i dot = _mm256_sub_epi32(_mm256_madd_epi16(pairs, ones),
-                                           _mm256_load_si256(reinterpret_cast<const __m256i*>(xb.corr)));
-      acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(_mm256_load_ps(xb.d), sv), acc[r][t]);
+      acc[v][t] = L::madd(L::dot(lo, hi, L::x(xb.even), L::x(xb.odd)), L::x(xb.corr), L::x(xb.d), sv, acc[v][t]);
     }
   };
   // Before even block b: one line per row (a block is half a line), and with runs the scales' next line
@@ -160,22 +249,16 @@ void micro(const XBlock* xq, int64_t ldxq, const Int4Matrix& w, RowRuns at, floa
 #pragma GCC unroll 2
     for (int64_t i = b; i < b + 2; ++i)
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r)
-        step(r, i, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r] + i * 8)), whole_block_scales(w, srows[r], i));
+      for (int v = 0; v < V; ++v) step(v, i, L::words(rows + v * G, i), L::whole_scales(w, srows + v * G, i));
   }
   for (; b < w.blocks; ++b) {  // a last whole block, a partial one (K % 64 == 32), or both
     if ((b & 1) == 0) prefetch(b);
     const int64_t left = std::min<int64_t>(8, w.words_per_row - b * 8);
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const int* p = reinterpret_cast<const int*>(rows[r] + b * 8);
-      step(r, b,
-           left == 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskload_epi32(p, word_mask(left)),
-           scale_vector(w, srows[r], b));
-    }
+    for (int v = 0; v < V; ++v) step(v, b, L::partial(rows + v * G, b, left), L::scales(w, srows + v * G, b));
   }
   for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; ++r) y[t * ldy + r * at.run] = hsum8(acc[r][t]);
+    for (int v = 0; v < V; ++v) L::store(acc[v][t], y + t * ldy + v * G * at.run, at.run);
 }
 
 // Rows at.n + r * at.run (r < R) against all T tokens, in passes of up to P (2 or 4) tokens.
@@ -199,8 +282,8 @@ void rows_pass(const XBlock* xq, int64_t T, int64_t ldxq, const Int4Matrix& w, R
 
 }  // namespace
 
-void linear_int4_avx2int8(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1,
-                          float* y, int64_t ldy) {
+void MOE_INT8_KERNEL(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
+                     int64_t ldy) {
   const Int4Matrix rows(w, kBlockCols / 8);
   const int64_t K = w.cols, ldxq = rows.blocks;
   if (ldxq > kXBlocks) return linear_scalar(x, M, ldx, w, n0, n1, y, ldy);  // K > 65536: no model here

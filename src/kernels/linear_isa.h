@@ -29,6 +29,10 @@ void linear_int4_avx2(const float* x, int64_t M, int64_t ldx, const WeightView& 
 // int4 weights against x quantized to int8 per 32 columns (linear_int4_avx2int8.cpp, the avx2int8 ISA).
 void linear_int4_avx2int8(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1,
                           float* y, int64_t ldy);
+// The same kernel, two rows per 512-bit vector, its products summed by vpdpbusd (linear_int4_avx2int8_vnni.cpp):
+// AVX512-VNNI and -VL.
+void linear_int4_avx2int8_vnni(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0,
+                               int64_t n1, float* y, int64_t ldy);
 // silu_mul, scale_add and weighted_rows_sum on 16 lanes (elementwise_avx512.cpp), for both AVX-512 ISAs.
 void silu_mul_avx512(const float* g, const float* u, float* h, int64_t n);
 void scale_add_avx512(float* y, const float* r, const float* x, float a, int64_t n);
