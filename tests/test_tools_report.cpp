@@ -268,6 +268,17 @@ TEST(BenchReport, TableAndJsonShowBothFractionsAndTheReadLoop) {
   EXPECT_EQ(j["results"][0]["bandwidth_fraction"].get<double>(), 0.9);
 }
 
+// A kernel build picked by CPU check is named beside the ISA, in the table and the JSON.
+TEST(BenchReport, NamesTheKernelsBuild) {
+  BenchReport r;
+  r.machine.isa = "avx2int8";
+  EXPECT_NE(bench_table(r).find("kernels avx2int8\n"), std::string::npos) << bench_table(r);
+  r.machine.isa_build = "vpdpbusd, two rows per 512-bit vector";
+  EXPECT_NE(bench_table(r).find("kernels avx2int8 (vpdpbusd, two rows per 512-bit vector)\n"), std::string::npos)
+      << bench_table(r);
+  EXPECT_EQ(r.machine.to_json()["isa_build"].get<std::string>(), "vpdpbusd, two rows per 512-bit vector");
+}
+
 // The kernels that run on 256-bit vectors (avx2, and avx2int8 for everything but its int8 products) name
 // that peak beside the machine's on an AVX-512 CPU; the AVX-512 ones do not.
 TEST(BenchReport, The256BitKernelsNameTheirPeak) {

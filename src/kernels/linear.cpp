@@ -96,6 +96,13 @@ bool int8_dot_vnni() {
   const CpuFeatures& f = cpu_features();
   return f.avx512vnni && f.avx512vl && f.avx512f;
 }
+}  // namespace
+
+std::string_view isa_build(Isa isa) {
+  return isa == Isa::kAvx2Int8 && isa_supported(isa) && int8_dot_vnni() ? "vpdpbusd, two rows per 512-bit vector" : "";
+}
+
+namespace {
 
 // linear() with y pointing at column n0.
 void linear_from_n0(Isa isa, const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1,

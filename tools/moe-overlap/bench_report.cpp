@@ -13,18 +13,20 @@ namespace moe::tools {
 
 std::string bench_table(const BenchReport& r) {
   std::ostringstream s;
-  char line[320];
+  char line[512];
   s << r.model << "\n" << r.method << "\n";
   char avx2_peak[64] = "";  // the AVX2 kernels' own peak where it is not the machine's
   if (r.machine.on_256bit_vectors() && r.machine.avx2_fp32_gflops > 0 &&
       r.machine.avx2_fp32_gflops != r.machine.fp32_gflops)
     std::snprintf(avx2_peak, sizeof avx2_peak, " (256-bit: %.0f, the kernels' peak)", r.machine.avx2_fp32_gflops);
+  const std::string kernels =
+      r.machine.isa_build.empty() ? r.machine.isa : r.machine.isa + " (" + r.machine.isa_build + ")";
   std::snprintf(line, sizeof line,
                 "machine: %s, %d threads: read %.1f GB/s at start (%s read loop, %s), best %.1f GB/s in the run, fp32 "
                 "FMA %.0f GFLOP/s%s, bf16 dot %.0f GFLOP/s, kernels %s\n",
                 r.machine.cpu.c_str(), r.machine.threads, r.machine.read_gbps, r.machine.read_isa.c_str(),
                 r.machine.read_pattern.c_str(),
-                r.best_read_gbps, r.machine.fp32_gflops, avx2_peak, r.machine.bf16_gflops, r.machine.isa.c_str());
+                r.best_read_gbps, r.machine.fp32_gflops, avx2_peak, r.machine.bf16_gflops, kernels.c_str());
   s << line;
   std::snprintf(line, sizeof line, "%7s %-13s %10s %10s %10s %8s %9s %8s %7s %7s %8s %7s %8s %7s %6s\n", "tokens",
                 "schedule", "median_us", "p10_us", "p90_us", "MB_read", "GB/s", "read_now", "of_bw", "of_best", "GFLOP/s",

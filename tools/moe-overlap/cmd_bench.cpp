@@ -288,7 +288,8 @@ void run_bench(const BenchOptions& o) {
   report.sweep_measures = timer.measures_bandwidth();
   report.machine = measure_machine(dev->num_workers(), timer.sweep_data(), timer.sweep_bytes(), read_loop);
   timer.set_read_pattern(parse_read_pattern(report.machine.read_pattern).value_or(ReadPattern::kRuns));
-  report.machine.isa = std::string(isa_name(isa));  // the report names the kernels' ISA
+  report.machine.isa = std::string(isa_name(isa));  // the report names the kernels' ISA and build
+  report.machine.isa_build = std::string(isa_build(isa));
   reset_peak_rss();
   LoadedModel m = load_model(o.model);
   const bool mapped = std::filesystem::is_directory(o.model.model);

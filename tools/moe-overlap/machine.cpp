@@ -52,6 +52,7 @@ nlohmann::json MachineFigures::to_json() const {
           {"fp32_fma_256bit_gflops", avx2_fp32_gflops},
           {"bf16_dot_gflops", bf16_gflops},
           {"isa", isa},
+          {"isa_build", isa_build},
           {"cached", cached}};
 }
 

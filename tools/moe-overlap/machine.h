@@ -23,6 +23,7 @@ struct MachineFigures {
   double avx2_fp32_gflops = 0;  // fp32 FMA peak on 256-bit vectors, the AVX2 kernels' (fp32_gflops without AVX-512)
   double bf16_gflops = 0;   // bf16 dot-product peak (0 without avx512_bf16)
   std::string isa;          // the kernels' active instruction set
+  std::string isa_build;    // what its build picked by CPU check runs beyond that name (kernels' isa_build)
   bool cached = false;      // read from the cache rather than measured now
 
   // The peak of the arithmetic the kernels use for expert weights of `weights`: the bf16 dot product on
