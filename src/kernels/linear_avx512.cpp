@@ -19,6 +19,8 @@ struct Avx512 {
   // Panel path (more than 4 tokens): rows sharing one converted panel, and tokens per micro-block there.
   static constexpr int kPanelRows = 8;
   static constexpr int kPanelTokens = 3;
+  // How far ahead of its reads each run of rows is prefetched (run_kernel in linear_simd.h).
+  static constexpr int64_t kRunLeadBytes = 2048;
   static __mmask16 tail_mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
 
   static Reg zero() { return _mm512_setzero_ps(); }

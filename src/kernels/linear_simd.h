@@ -194,7 +194,6 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
   V::template hsum_acc<R, T>(acc, y, ldy);
 }
 
-inline constexpr int64_t kRunLeadBytes = 2048;
 // Up to how many tokens the rows go as runs (run_rows): on AVX-512 3, and 4 for fp8; on AVX2 8, and 4 for
 // fp8 (whose panels, decoded once for all tokens, win from 5). One thread, from DRAM, medians of interleaved
 // runs against the blocks they replaced: AVX-512 at 3 tokens (6 rows, a column lead and an L2 stream) bf16
@@ -209,13 +208,13 @@ inline constexpr int64_t kRunTokens = D == DType::kF8E4M3 ? 4 : V::kTokens < 4 ?
 
 // y[t * ldy + r * run] for t < T, r < R: rows n + r * run of w against tokens x[0 .. T), for the R runs
 // of `run` consecutive rows that a caller walks with n, n + 1, ... (run_rows). Each run is read front to
-// back as one long stream, prefetched kRunLeadBytes ahead of its reads, on into its next row: the access
+// back as one long stream, prefetched V::kRunLeadBytes ahead of its reads, on into its next row: the access
 // pattern of the bandwidth probe, which R adjacent rows are not (their streams end every R rows, and the
 // hardware prefetchers start over). One thread, weights from DRAM, 1 / 2 tokens, interleaved with the
 // adjacent 2-row blocks each 8 KiB ahead that this replaced: bf16 512x2048 108-138 / 113-121 -> 68-77 /
 // 72-76 us (avx512), 2048x512 92-97 / 91-94 -> 73-75 / 70-72 us; 0.84-0.88 of the read bandwidth at one
 // token, one and two threads, against 0.53-0.74. A lead of 1 KiB measured up to 10% slower, 4 KiB the same
-// or slower.
+// or slower (AVX-512, 2 KiB); the AVX2 path's prefetch into L2 reads best 4 KiB ahead (linear_avx2.cpp).
 template <class V, DType D, int R, int T>
 void run_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, int64_t run, float* y, int64_t ldy) {
   constexpr int64_t es = static_cast<int64_t>(dtype_size(D));
@@ -226,7 +225,7 @@ void run_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, int
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     rows[r].set(w, n + r * run);
-    ahead[r] = static_cast<const char*>(w.data) + (n + r * run) * K * es + kRunLeadBytes;
+    ahead[r] = static_cast<const char*>(w.data) + (n + r * run) * K * es + V::kRunLeadBytes;
   }
   typename V::Reg acc[R][T];
   dot_rows<V, D, R, T>(x, ldx, K, rows, acc, [&](int64_t kb, int64_t kend) __attribute__((always_inline)) {
