@@ -214,7 +214,7 @@ inline constexpr int64_t kRunTokens = D == DType::kF8E4M3 ? 4 : V::kTokens < 4 ?
 // adjacent 2-row blocks each 8 KiB ahead that this replaced: bf16 512x2048 108-138 / 113-121 -> 68-77 /
 // 72-76 us (avx512), 2048x512 92-97 / 91-94 -> 73-75 / 70-72 us; 0.84-0.88 of the read bandwidth at one
 // token, one and two threads, against 0.53-0.74. A lead of 1 KiB measured up to 10% slower, 4 KiB the same
-// or slower (AVX-512, 2 KiB); the AVX2 path's prefetch into L2 reads best 4 KiB ahead (linear_avx2.cpp).
+// or slower on AVX-512, which keeps 2 KiB; the AVX2 path prefetches into L2, 4 KiB ahead (linear_avx2.cpp).
 template <class V, DType D, int R, int T>
 void run_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, int64_t run, float* y, int64_t ldy) {
   constexpr int64_t es = static_cast<int64_t>(dtype_size(D));

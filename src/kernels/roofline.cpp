@@ -30,11 +30,12 @@ bool has_avx2_fma() { return cpu_features().avx2 && cpu_features().fma; }
 
 // Two access patterns (ReadPattern, roofline.h), each on AVX-512 and AVX2 loads.
 //
-// kRuns reads four interleaved streams as the kernels' runs of rows do (linear_simd.h, run_kernel): one
-// 64-byte line of each stream per step, each stream prefetched 2 KiB ahead of its reads, XORed into one
-// accumulator per stream. The loop that read 256 bytes of each stream per step, 1 KiB ahead, measured 10-30%
-// slower on an AMD EPYC (Zen 5) guest, one thread 28-33 GB/s against 36-39 (medians of 7 passes, five
-// interleaved rounds), so that the kernels' reads measured above 100% of it.
+// kRuns reads four interleaved streams as the AVX-512 kernels' runs of rows do (linear_simd.h, run_kernel;
+// the AVX2 ones prefetch into L2, 4 KiB ahead): one 64-byte line of each stream per step, each stream
+// prefetched 2 KiB ahead of its reads, XORed into one accumulator per stream. The loop that read 256 bytes
+// of each stream per step, 1 KiB ahead, measured 10-30% slower on an AMD EPYC (Zen 5) guest, one thread
+// 28-33 GB/s against 36-39 (medians of 7 passes, five interleaved rounds), so that the kernels' reads
+// measured above 100% of it.
 //
 // kSequential reads one stream front to back, two lines per step, with no software prefetch. On an AMD EPYC
 // (Zen 4) guest it read 1.4-1.6x faster than kRuns on one thread (29-30 against 19 GB/s, medians of 15
