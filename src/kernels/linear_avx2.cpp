@@ -34,13 +34,10 @@ struct Avx2 {
   static Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
   // always_inline, like every function or lambda that only prefetches (linear_simd.h, dot_rows): GCC counts
   // a prefetch as free of side effects, deems such a function pure and deletes its calls before inlining.
-  // Into L2 (T1), not L1: on an AVX2-only Zen 4 guest (AMD EPYC family 25 model 17, AVX-512 not exposed),
-  // weights from DRAM, medians of 3-4 interleaved runs, T0 and a 2 KiB run lead -> T1 and 4 KiB: bf16
-  // 512x2048 one thread at 1 / 2 / 4 / 8 tokens 124 / 173 / 212 / 366 -> 111 / 111 / 176 / 286 us, two
-  // threads 80 / 89 / 105 / 179 -> 68 / 73 / 89 / 154; 2048x512 122 / 138 / 163 -> 106 / 110 / 154
-  // (one thread); fp8 2048x7168 at 1 token 2097 -> 1599 (one thread), 1081 -> 908 (two). A 4 KiB lead
-  // with T0 was no better than T0 with 2 KiB, T2 mixed against T1, NTA as T0 (docs/kernel-notes.md). Not
-  // measured again on CPUs with AVX-512, where T1 had measured no better than T0.
+  // Into L2 (T1), not L1, with runs 4 KiB ahead: on a CPU exposing AVX2 only (an EPYC Zen 4 guest), bf16
+  // 512x2048 from DRAM on two threads at 1 / 2 / 4 / 8 tokens 80 / 89 / 105 / 179 -> 68 / 73 / 89 / 154 us.
+  // The variants and the other shapes: docs/kernel-notes.md, "AVX2 prefetches into L2". Not measured again
+  // on CPUs with AVX-512, where T1 had measured no better than T0.
   __attribute__((always_inline)) static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
   static float hsum(Reg v) {
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
