@@ -19,6 +19,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -81,6 +83,26 @@ int64_t matrix_bytes(DType dt, int64_t rows, int64_t cols) {
   return rows * cols * static_cast<int64_t>(moe::dtype_size(dt));
 }
 
+// The fp8 code classes of the i-th of `count` pool matrices shaped like w, made once per shape, as the
+// loader makes them once per checkpoint (WeightView::fp8_codes).
+const uint8_t* fp8_codes(const WeightView& w, int64_t i, int64_t count) {
+  static std::mutex mu;  // the benchmark threads share the table
+  static std::map<std::pair<int64_t, int64_t>, std::vector<uint8_t>> by_shape;
+  const std::lock_guard<std::mutex> lock(mu);
+  std::vector<uint8_t>& codes = by_shape[{w.rows, w.cols}];
+  const int64_t per = moe::fp8_block_codes_size(w);
+  if (codes.empty()) {
+    codes.resize(static_cast<size_t>(per * count));
+    const int64_t stride = (matrix_bytes(w.dtype, w.rows, w.cols) + 63) / 64 * 64;
+    for (int64_t j = 0; j < count; ++j) {
+      WeightView m = w;
+      m.data = Pool::get().data + j * stride;
+      moe::fp8_block_codes(m, codes.data() + j * per);
+    }
+  }
+  return codes.data() + i * per;
+}
+
 // The i-th of the distinct [rows x cols] matrices that fit in the pool. int4 matrices read the pool's
 // bytes as packed words (every field is a valid value) and as scales (bf16 in +-[2^-8, 2)).
 WeightView matrix(DType dt, int64_t rows, int64_t cols, int64_t i, int64_t* count) {
@@ -92,7 +114,10 @@ WeightView matrix(DType dt, int64_t rows, int64_t cols, int64_t i, int64_t* coun
   w.rows = rows;
   w.cols = cols;
   w.data = pool.data + (i % *count) * bytes;
-  if (dt == DType::kF8E4M3) w.scale_inv = g_scales.data();
+  if (dt == DType::kF8E4M3) {
+    w.scale_inv = g_scales.data();
+    w.fp8_codes = fp8_codes(w, i % *count, *count);
+  }
   if (dt == DType::kInt4) {
     w.group_size = kInt4Group;
     w.group_scale = reinterpret_cast<const uint16_t*>(static_cast<const char*>(w.data) + rows * cols / 2);

@@ -48,6 +48,13 @@ void expect_view_equal(const WeightView& a, const WeightView& b, const std::stri
     ASSERT_NE(a.scale_inv, nullptr) << what;
     const size_t nb = static_cast<size_t>(((a.rows + 127) / 128) * ((a.cols + 127) / 128));
     EXPECT_EQ(std::memcmp(a.scale_inv, b.scale_inv, nb * 4), 0) << what;
+    // Both the loader and the generator classify the blocks once, and agree with a fresh classification.
+    ASSERT_NE(a.fp8_codes, nullptr) << what;
+    ASSERT_NE(b.fp8_codes, nullptr) << what;
+    std::vector<uint8_t> codes(static_cast<size_t>(fp8_block_codes_size(a)));
+    fp8_block_codes(a, codes.data());
+    EXPECT_EQ(std::memcmp(a.fp8_codes, codes.data(), codes.size()), 0) << what;
+    EXPECT_EQ(std::memcmp(b.fp8_codes, codes.data(), codes.size()), 0) << what;
   }
   // Spot-check through the scalar definition the kernels are tested against.
   EXPECT_EQ(weight_at(a, a.rows - 1, a.cols - 1), weight_at(b, b.rows - 1, b.cols - 1)) << what;

@@ -71,6 +71,8 @@ class Reader {
         if (allow_fp8) {
           v.dtype = DType::kF8E4M3;
           v.scale_inv = scales(rel + "_scale_inv", rows, cols);
+          // No fp8_codes (model/weights.h, attach_fp8_codes): the arrays are used in place and may change
+          // after the layer is made, so the kernels classify each block as they read it.
           break;
         }
         [[fallthrough]];

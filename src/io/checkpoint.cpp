@@ -67,6 +67,7 @@ class Loader {
     v.cols = cols;
     v.data = aligned(f, dtype_size(v.dtype));
     if (v.dtype == DType::kF8E4M3) v.scale_inv = scales(name + "_scale_inv", rows, cols);
+    attach_fp8_codes(v, w_.storage);
     return v;
   }
 

@@ -86,31 +86,37 @@ struct Avx2 {
   static Reg fp16_route_scale(const Fp8Scale& s) {
     return s.path == simd::kFastPath ? _mm256_mul_ps(s.s, _mm256_set1_ps(0x1p-112f)) : s.s;
   }
-  static Fp8Scale fp8_scale(float s, const uint8_t* block, int n, bool allow_fast = true) {
+  // codes: the block's Fp8Codes (weight.h) when the view carries them, -1 to scan its bytes here.
+  static Fp8Scale fp8_scale(float s, const uint8_t* block, int n, bool allow_fast, int codes) {
     const bool big = !(s < 0x1p100f && s > -0x1p100f);
     bool fast = allow_fast && s < 0x1p7f && s > -0x1p7f && n == 128;
-    if (fast) {
-      // 2 * code + 2 (mod 256) is at most 16 exactly for the magnitudes 0x7f (NaN), 0 and 1..7 (subnormal).
-      const __m256i two = _mm256_set1_epi8(2), sixteen = _mm256_set1_epi8(16);
-      __m256i t = _mm256_set1_epi8(-1);
-      for (int i = 0; i < 128; i += 32) {
-        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i));
-        t = _mm256_min_epu8(t, _mm256_add_epi8(_mm256_add_epi8(b, b), two));
-      }
-      fast = _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(t, sixteen), sixteen)) == 0;
-    }
+    if (fast) fast = codes >= 0 ? codes == kFp8Normal : only_normal_codes(block);
     int path = simd::kFastPath;
     if (!fast) {
-      const __m256i low7 = _mm256_set1_epi8(0x7f);
-      int nan = 0, i = 0;
-      for (; i + 32 <= n; i += 32) {
-        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i));
-        nan |= _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_and_si256(b, low7), low7));
-      }
-      for (; i < n; ++i) nan |= (block[i] & 0x7f) == 0x7f;
-      path = big || nan != 0 ? simd::kExactPath : simd::kSubnormalPath;
+      const bool nan = codes >= 0 ? codes == kFp8NaN : has_nan_code(block, n);
+      path = big || nan ? simd::kExactPath : simd::kSubnormalPath;
     }
     return {_mm256_set1_ps(fast ? s * 0x1p120f : big ? s : s * 0x1p8f), path, big};
+  }
+  static bool only_normal_codes(const uint8_t* block) {  // 128 codes
+    // 2 * code + 2 (mod 256) is at most 16 exactly for the magnitudes 0x7f (NaN), 0 and 1..7 (subnormal).
+    const __m256i two = _mm256_set1_epi8(2), sixteen = _mm256_set1_epi8(16);
+    __m256i t = _mm256_set1_epi8(-1);
+    for (int i = 0; i < 128; i += 32) {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i));
+      t = _mm256_min_epu8(t, _mm256_add_epi8(_mm256_add_epi8(b, b), two));
+    }
+    return _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(t, sixteen), sixteen)) == 0;
+  }
+  static bool has_nan_code(const uint8_t* block, int n) {
+    const __m256i low7 = _mm256_set1_epi8(0x7f);
+    int nan = 0, i = 0;
+    for (; i + 32 <= n; i += 32) {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i));
+      nan |= _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_and_si256(b, low7), low7));
+    }
+    for (; i < n; ++i) nan |= (block[i] & 0x7f) == 0x7f;
+    return nan != 0;
   }
   static Reg fp8_scaled_down(__m128i bytes) {  // 8 bytes in the low half
     const __m128i h = _mm_slli_epi16(_mm_cvtepi8_epi16(bytes), 7);

@@ -61,7 +61,8 @@ struct Avx512 {
   //   the NaN codes masked in and, for large scales, the 2^8 multiplied back before the scale.
   // fp8 2048x7168, every block on the fp16 route -> the fast path: in L3, one thread, 1 / 2 / 3 / 4 tokens
   // 639-652 / 715-748 / 760-777 / 836-840 -> 563-569 / 585-592 / 659-711 / 783-846 us (the per-block check
-  // costs 80-90 us of the one-token time); from DRAM, two threads, 2 / 3 tokens at 0.76-0.84 / 0.75-0.80 of
+  // costs 80-90 us of the one-token time, which a view's fp8_codes save: docs/kernel-notes.md, "fp8 blocks
+  // classified once"); from DRAM, two threads, 2 / 3 tokens at 0.76-0.84 / 0.75-0.80 of
   // the read bandwidth -> 0.92-0.98 / 0.86-0.92. Where the rows are decoded once per panel (from 9 tokens
   // on; from 5 on rows of at most 1 KiB) the FMAs bound the time, and the gain is small.
   struct Fp8Scale {
@@ -70,27 +71,33 @@ struct Avx512 {
     int path;
     bool big;
   };
-  static Fp8Scale fp8_scale(float s, const uint8_t* block, int n, bool allow_fast = true) {
+  // codes: the block's Fp8Codes (weight.h) when the view carries them, -1 to scan its bytes here.
+  static Fp8Scale fp8_scale(float s, const uint8_t* block, int n, bool allow_fast, int codes) {
     const bool big = !(s < 0x1p100f && s > -0x1p100f);
     bool fast = allow_fast && s < 0x1p7f && s > -0x1p7f && n == 128;
-    if (fast) {
-      // 2 * code + 2 (mod 256) is at most 16 exactly for the magnitudes 0x7f (NaN), 0 and 1..7 (subnormal).
-      const __m512i two = _mm512_set1_epi8(2), b0 = _mm512_loadu_si512(block), b1 = _mm512_loadu_si512(block + 64);
-      const __m512i t = _mm512_min_epu8(_mm512_add_epi8(_mm512_add_epi8(b0, b0), two),
-                                        _mm512_add_epi8(_mm512_add_epi8(b1, b1), two));
-      fast = _mm512_cmple_epu8_mask(t, _mm512_set1_epi8(16)) == 0;
-    }
+    if (fast) fast = codes >= 0 ? codes == kFp8Normal : only_normal_codes(block);
     int path = simd::kFastPath;
     if (!fast) {
-      const __m512i low7 = _mm512_set1_epi8(0x7f);
-      __mmask64 nan = 0;
-      for (int i = 0; i < n; i += 64) {
-        const __mmask64 m = n - i >= 64 ? ~__mmask64{0} : (__mmask64{1} << (n - i)) - 1;
-        nan |= _mm512_cmpeq_epi8_mask(_mm512_and_si512(_mm512_maskz_loadu_epi8(m, block + i), low7), low7);
-      }
-      path = big || nan != 0 ? simd::kExactPath : simd::kSubnormalPath;
+      const bool nan = codes >= 0 ? codes == kFp8NaN : has_nan_code(block, n);
+      path = big || nan ? simd::kExactPath : simd::kSubnormalPath;
     }
     return {_mm512_set1_ps(fast ? s * 0x1p120f : 0.0f), _mm512_set1_ps(big ? s : s * 0x1p8f), path, big};
+  }
+  static bool only_normal_codes(const uint8_t* block) {  // 128 codes
+    // 2 * code + 2 (mod 256) is at most 16 exactly for the magnitudes 0x7f (NaN), 0 and 1..7 (subnormal).
+    const __m512i two = _mm512_set1_epi8(2), b0 = _mm512_loadu_si512(block), b1 = _mm512_loadu_si512(block + 64);
+    const __m512i t = _mm512_min_epu8(_mm512_add_epi8(_mm512_add_epi8(b0, b0), two),
+                                      _mm512_add_epi8(_mm512_add_epi8(b1, b1), two));
+    return _mm512_cmple_epu8_mask(t, _mm512_set1_epi8(16)) == 0;
+  }
+  static bool has_nan_code(const uint8_t* block, int n) {
+    const __m512i low7 = _mm512_set1_epi8(0x7f);
+    __mmask64 nan = 0;
+    for (int i = 0; i < n; i += 64) {
+      const __mmask64 m = n - i >= 64 ? ~__mmask64{0} : (__mmask64{1} << (n - i)) - 1;
+      nan |= _mm512_cmpeq_epi8_mask(_mm512_and_si512(_mm512_maskz_loadu_epi8(m, block + i), low7), low7);
+    }
+    return nan != 0;
   }
   // fp8 * 2^-8 as fp32: sign-extended words << 7 put the sign on bit 15 and a copy on bit 14, cleared.
   static Reg fp8_scaled_down(__m128i bytes) {

@@ -76,17 +76,21 @@ template <class V>
 struct RowCursor<V, DType::kF8E4M3> {
   const uint8_t* p = nullptr;
   const float* scales = nullptr;  // this row's 128-row block of scale_inv
+  const uint8_t* codes = nullptr;  // this row's Fp8Codes per block (weight.h), or null: scan each block
   typename V::Fp8Scale scale{};
   void set(const WeightView& w, int64_t r) {
+    const int64_t col_blocks = (w.cols + kScaleBlock - 1) / kScaleBlock;
     p = static_cast<const uint8_t*>(w.data) + r * w.cols;
     row_end = p + w.cols;
-    scales = w.scale_inv + (r / kScaleBlock) * ((w.cols + kScaleBlock - 1) / kScaleBlock);
+    scales = w.scale_inv + (r / kScaleBlock) * col_blocks;
+    codes = w.fp8_codes != nullptr ? w.fp8_codes + r * col_blocks : nullptr;
   }
   const uint8_t* row_end = nullptr;
   // fast: whether the block may take kFastPath (dot_rows: not where the fast decoding measured slower).
   void block(int64_t kb, bool fast = true) {
     const uint8_t* b = p + kb * kScaleBlock;
-    scale = V::fp8_scale(scales[kb], b, static_cast<int>(std::min<int64_t>(kScaleBlock, row_end - b)), fast);
+    scale = V::fp8_scale(scales[kb], b, static_cast<int>(std::min<int64_t>(kScaleBlock, row_end - b)), fast,
+                         codes != nullptr ? codes[kb] : -1);
   }
   int path() const { return scale.path; }
   template <int P>

@@ -1,5 +1,6 @@
 #include "kernels/weight.h"
 
+#include <algorithm>
 #include <cassert>
 
 namespace moe {
@@ -28,8 +29,30 @@ WeightView WeightView::row_slice(int64_t r0, int64_t r1) const {
   if (dtype == DType::kF8E4M3) {
     assert(r0 % 128 == 0);
     v.scale_inv = scale_inv + (r0 / 128) * ceil_div(cols, 128);
+    if (fp8_codes != nullptr) v.fp8_codes = fp8_codes + r0 * ceil_div(cols, 128);
   }
   return v;
+}
+
+int64_t fp8_block_codes_size(const WeightView& w) { return w.rows * ceil_div(w.cols, 128); }
+
+void fp8_block_codes(const WeightView& w, uint8_t* out) {
+  assert(w.dtype == DType::kF8E4M3 && w.layout == WeightLayout::kRowMajor);
+  const auto* p = static_cast<const uint8_t*>(w.data);
+  for (int64_t r = 0; r < w.rows; ++r)
+    for (int64_t c0 = 0; c0 < w.cols; c0 += 128) {
+      // Branch-free over the block so that the loop vectorises: the magnitude (code & 0x7f) is 0x7f for
+      // NaN and below 8 for zero and subnormals.
+      const uint8_t* b = p + r * w.cols + c0;
+      const int64_t n = std::min<int64_t>(128, w.cols - c0);
+      uint8_t nan = 0, small = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint8_t m = b[i] & 0x7f;
+        nan |= m == 0x7f;
+        small |= m < 8;
+      }
+      *out++ = nan ? kFp8NaN : small ? kFp8Subnormal : kFp8Normal;
+    }
 }
 
 float weight_at(const WeightView& w, int64_t r, int64_t c) {

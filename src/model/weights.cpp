@@ -155,11 +155,20 @@ struct Filler {
       fill(0, n);
     }
     w.data = data;
+    attach_fp8_codes(w, storage);
     return w;
   }
 };
 
 }  // namespace
+
+void attach_fp8_codes(WeightView& w, std::vector<std::any>& storage) {
+  if (w.dtype != DType::kF8E4M3 || w.empty()) return;
+  auto buf = std::make_shared<HostBuffer>(static_cast<size_t>(fp8_block_codes_size(w)));
+  fp8_block_codes(w, buf->as<uint8_t>());
+  w.fp8_codes = buf->as<uint8_t>();
+  storage.emplace_back(std::move(buf));
+}
 
 void LayerWeights::validate(const MoeConfig& c) const {
   const int64_t h = c.hidden;

@@ -37,6 +37,11 @@ struct LayerWeights {
   void validate(const MoeConfig& config) const;
 };
 
+// Gives an fp8 view its per-block code classes (WeightView::fp8_codes, made by fp8_block_codes() in one read
+// of the codes) in a buffer kept alive by `storage`, so that the kernels need not scan each block on every
+// call; views of other dtypes are left as they are. The loader and make_random_weights call it.
+void attach_fp8_codes(WeightView& w, std::vector<std::any>& storage);
+
 struct RandomWeightOptions {
   DType dtype = DType::kBF16;       // expert and shared weights; the router is bf16 unless dtype is f32;
                                     // int4 (needs config.int4): the shared expert bf16 unless int4_shared
