@@ -1,5 +1,6 @@
 // The stream sanitizer: vector clocks per stream (PyTorch's CUDA sanitizer) over an interval map of byte
-// ranges with allocation epochs. See sanitizer.h for the contract.
+// ranges with allocation epochs. See sanitizer.h for the contract; the reports' wording is in
+// sanitizer_report.cpp, the check of a captured graph on its own in sanitizer_graph.cpp.
 //
 // Invariants of the interval map (segments_): segments are disjoint, keyed by their first byte; each holds
 // the last write and the latest read of each stream since that write. Keeping only those is enough: clocks
@@ -8,6 +9,7 @@
 #include "runtime/sanitizer.h"
 
 #include "runtime/graph.h"
+#include "runtime/sanitizer_report.h"
 
 #include <algorithm>
 #include <atomic>
@@ -15,28 +17,6 @@
 #include <utility>
 
 namespace moe::rt {
-
-const char* to_string(HazardKind kind) {
-  switch (kind) {
-    case HazardKind::kReadAfterWrite: return "read-after-write";
-    case HazardKind::kWriteAfterRead: return "write-after-read";
-    case HazardKind::kWriteAfterWrite: return "write-after-write";
-    case HazardKind::kFreeWhileInUse: return "free-while-in-use";
-    case HazardKind::kReuseBeforeOrdered: return "reuse-before-ordered";
-    case HazardKind::kUseAfterFree: return "use-after-free";
-    case HazardKind::kUninitializedRead: return "uninitialized-read";
-  }
-  return "?";
-}
-
-const char* to_string(AccessMode mode) {
-  switch (mode) {
-    case AccessMode::kRead: return "read";
-    case AccessMode::kWrite: return "write";
-    case AccessMode::kReadWrite: return "read-write";
-  }
-  return "?";
-}
 
 // The hazards one access found, one per earlier access, with the hull of the bytes in conflict.
 struct Sanitizer::Pending {
@@ -50,42 +30,11 @@ struct Sanitizer::Pending {
 
 namespace {
 
-bool reads_of(AccessMode m) { return m != AccessMode::kWrite; }
-bool writes_of(AccessMode m) { return m != AccessMode::kRead; }
-
-std::string hex(uintptr_t p) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(p));
-  return buf;
-}
-
-std::string describe(const AccessSite& a) {
-  if (a.stream_id < 0) return "'" + a.op + "' (" + to_string(a.mode) + ", host)";
-  return "'" + a.op + "' (" + to_string(a.mode) + ", stream " + std::to_string(a.stream_id) + " '" +
-         a.stream_name + "', seq " + std::to_string(a.seq) + ")";
-}
-
-std::string hint(const RaceReport& r) {
-  const std::string& prev_stream = r.previous.stream_name;
-  switch (r.kind) {
-    case HazardKind::kReadAfterWrite:
-    case HazardKind::kWriteAfterRead:
-    case HazardKind::kWriteAfterWrite:
-      return "record an event on stream '" + prev_stream + "' after '" + r.previous.op + "' and wait on it on '" +
-             r.current.stream_name + "' before '" + r.current.op + "'";
-    case HazardKind::kFreeWhileInUse:
-      return "synchronize stream '" + prev_stream + "' (or an event recorded after '" + r.previous.op +
-             "') before freeing";
-    case HazardKind::kReuseBeforeOrdered:
-      return "the new owner must wait for stream '" + prev_stream + "' after '" + r.previous.op +
-             "', or the old owner must be synchronized before the free";
-    case HazardKind::kUseAfterFree: return "the bytes were freed on the host and not reallocated";
-    case HazardKind::kUninitializedRead:
-      return "no operation wrote these bytes since the allocation; write them first (after a host fill, call "
-             "note_host_write)";
-  }
-  return "";
-}
+using detail::describe;
+using detail::hex;
+using detail::hint;
+using detail::reads_of;
+using detail::writes_of;
 
 // Sanitizers registered through enable_sanitizer, for note_host_write.
 std::mutex g_registry_mu;
@@ -515,63 +464,6 @@ void Sanitizer::on_graph_launch(const Stream& s, uint64_t seq, const GraphExec& 
       apply_access(a, cur, node.op.fills_garbage);
     }
   }
-}
-
-// ---- captured graphs on their own ----------------------------------------------------------------------
-
-namespace {
-
-// First overlap of two nodes' accesses where one writes: {current access, previous access}, or nulls.
-std::pair<const Access*, const Access*> graph_conflict(const Op& later, const Op& earlier) {
-  for (const Access& a : later.accesses) {
-    for (const Access& b : earlier.accesses) {
-      if (!writes_of(a.mode) && !writes_of(b.mode)) continue;
-      auto a0 = reinterpret_cast<uintptr_t>(a.ptr), b0 = reinterpret_cast<uintptr_t>(b.ptr);
-      if (a.ptr && b.ptr && a0 < b0 + b.bytes && b0 < a0 + a.bytes) return {&a, &b};
-    }
-  }
-  return {nullptr, nullptr};
-}
-
-AccessSite node_site(const GraphNode& n, size_t index, AccessMode mode) {
-  return {n.op.name + " (graph node " + std::to_string(index) + ")", n.stream_id, n.stream_name, 0, mode};
-}
-
-}  // namespace
-
-std::vector<RaceReport> check_graph(const std::vector<GraphNode>& nodes) {
-  const size_t n = nodes.size();
-  const size_t words = (n + 63) / 64;
-  std::vector<uint64_t> reach(n * words, 0);  // reach[j] has bit i when node i happens before node j
-  std::vector<RaceReport> out;
-  for (size_t j = 0; j < n; ++j) {
-    uint64_t* rj = &reach[j * words];
-    for (int d : nodes[j].deps) {
-      if (d < 0 || static_cast<size_t>(d) >= j) continue;
-      const uint64_t* rd = &reach[static_cast<size_t>(d) * words];
-      for (size_t w = 0; w < words; ++w) rj[w] |= rd[w];
-      rj[d / 64] |= uint64_t{1} << (d % 64);
-    }
-    for (size_t i = 0; i < j; ++i) {
-      if (rj[i / 64] >> (i % 64) & 1) continue;
-      auto [a, b] = graph_conflict(nodes[j].op, nodes[i].op);
-      if (!a) continue;
-      RaceReport r;
-      r.kind = writes_of(a->mode) ? (writes_of(b->mode) ? HazardKind::kWriteAfterWrite : HazardKind::kWriteAfterRead)
-                                  : HazardKind::kReadAfterWrite;
-      r.current = node_site(nodes[j], j, a->mode);
-      r.previous = node_site(nodes[i], i, b->mode);
-      uintptr_t lo = std::max(reinterpret_cast<uintptr_t>(a->ptr), reinterpret_cast<uintptr_t>(b->ptr));
-      uintptr_t hi = std::min(reinterpret_cast<uintptr_t>(a->ptr) + a->bytes, reinterpret_cast<uintptr_t>(b->ptr) + b->bytes);
-      r.ptr = reinterpret_cast<const void*>(lo);
-      r.bytes = hi - lo;
-      r.message = std::string("stream sanitizer: graph ") + to_string(r.kind) + " on bytes [" + hex(lo) + ", " +
-                  hex(hi) + "): " + describe(r.current) + " is not ordered after " + describe(r.previous) +
-                  " by the captured dependencies; " + hint(r) + " inside the capture";
-      out.push_back(std::move(r));
-    }
-  }
-  return out;
 }
 
 // ---- registration --------------------------------------------------------------------------------------
