@@ -32,8 +32,8 @@ std::string_view read_pattern_name(ReadPattern pattern);  // "runs", "sequential
 std::optional<ReadPattern> parse_read_pattern(std::string_view name);
 
 // The probes read with read_once() on `isa` (default read_isa()), both patterns in every pass; with an ISA
-// this CPU lacks they return 0. They return the faster pattern's median GB/s and, if `fastest` is given,
-// store that pattern there.
+// this CPU lacks they return 0. They return the faster pattern's median GB/s (faster by the median of the
+// passes' paired ratios) and, if `fastest` is given, store that pattern there.
 //
 // GB/s (1e9 bytes/s) reading `bytes` (default 1 GiB, far above any last-level cache and the region where
 // repeated reads still run from cache) from an anonymous mapping advised for transparent
