@@ -83,29 +83,34 @@ int64_t matrix_bytes(DType dt, int64_t rows, int64_t cols) {
   return rows * cols * static_cast<int64_t>(moe::dtype_size(dt));
 }
 
-// The fp8 code classes of the i-th of `count` pool matrices shaped like w, made once per shape, as the
-// loader makes them once per checkpoint (WeightView::fp8_codes).
-const uint8_t* fp8_codes(const WeightView& w, int64_t i, int64_t count) {
-  static std::mutex mu;  // the benchmark threads share the table
+// The fp8 code classes of every [rows x cols] pool matrix, one matrix's after another, made once per shape
+// (before the timed loops) as the loader makes them once per checkpoint (WeightView::fp8_codes).
+const uint8_t* pool_fp8_codes(int64_t rows, int64_t cols) {
+  static std::mutex mu;  // the benchmark threads share the tables
   static std::map<std::pair<int64_t, int64_t>, std::vector<uint8_t>> by_shape;
   const std::lock_guard<std::mutex> lock(mu);
-  std::vector<uint8_t>& codes = by_shape[{w.rows, w.cols}];
-  const int64_t per = moe::fp8_block_codes_size(w);
+  std::vector<uint8_t>& codes = by_shape[{rows, cols}];
   if (codes.empty()) {
+    const int64_t stride = (matrix_bytes(DType::kF8E4M3, rows, cols) + 63) / 64 * 64;
+    const int64_t count = static_cast<int64_t>(Pool::get().bytes) / stride;
+    WeightView m;
+    m.dtype = DType::kF8E4M3;
+    m.rows = rows;
+    m.cols = cols;
+    const int64_t per = moe::fp8_block_codes_size(m);
     codes.resize(static_cast<size_t>(per * count));
-    const int64_t stride = (matrix_bytes(w.dtype, w.rows, w.cols) + 63) / 64 * 64;
     for (int64_t j = 0; j < count; ++j) {
-      WeightView m = w;
       m.data = Pool::get().data + j * stride;
       moe::fp8_block_codes(m, codes.data() + j * per);
     }
   }
-  return codes.data() + i * per;
+  return codes.data();
 }
 
 // The i-th of the distinct [rows x cols] matrices that fit in the pool. int4 matrices read the pool's
-// bytes as packed words (every field is a valid value) and as scales (bf16 in +-[2^-8, 2)).
-WeightView matrix(DType dt, int64_t rows, int64_t cols, int64_t i, int64_t* count) {
+// bytes as packed words (every field is a valid value) and as scales (bf16 in +-[2^-8, 2)); fp8 ones
+// carry their classes from fp8_codes (pool_fp8_codes of the shape).
+WeightView matrix(DType dt, int64_t rows, int64_t cols, int64_t i, int64_t* count, const uint8_t* fp8_codes = nullptr) {
   Pool& pool = Pool::get();
   const int64_t bytes = (matrix_bytes(dt, rows, cols) + 63) / 64 * 64;
   *count = static_cast<int64_t>(pool.bytes) / bytes;
@@ -116,7 +121,7 @@ WeightView matrix(DType dt, int64_t rows, int64_t cols, int64_t i, int64_t* coun
   w.data = pool.data + (i % *count) * bytes;
   if (dt == DType::kF8E4M3) {
     w.scale_inv = g_scales.data();
-    w.fp8_codes = fp8_codes(w, i % *count, *count);
+    if (fp8_codes != nullptr) w.fp8_codes = fp8_codes + (i % *count) * moe::fp8_block_codes_size(w);
   }
   if (dt == DType::kInt4) {
     w.group_size = kInt4Group;
@@ -173,10 +178,11 @@ void decode(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
   if (!pool_holds_one(state, dt, rows, cols)) return;
   int64_t count = 0;
   matrix(dt, rows, cols, 0, &count);
+  const uint8_t* codes = dt == DType::kF8E4M3 ? pool_fp8_codes(rows, cols) : nullptr;
   int64_t i = state.thread_index();
   int64_t bytes = 0;
   for (auto _ : state) {
-    const WeightView w = matrix(dt, rows, cols, i, &count);
+    const WeightView w = matrix(dt, rows, cols, i, &count, codes);
     moe::linear(isa, x, M, cols, w, 0, rows, y, rows);
     benchmark::DoNotOptimize(y);
     bytes += w.bytes();
@@ -196,7 +202,8 @@ void prefill(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
   float *x = a.x, *y = a.y;
   if (!pool_holds_one(state, dt, rows, cols)) return;
   int64_t count = 0;
-  const WeightView w = matrix(dt, rows, cols, 0, &count);
+  const WeightView w =
+      matrix(dt, rows, cols, 0, &count, dt == DType::kF8E4M3 ? pool_fp8_codes(rows, cols) : nullptr);
   const int64_t n0 = rows * state.thread_index() / state.threads();
   const int64_t n1 = rows * (state.thread_index() + 1) / state.threads();
   double flops = 0;

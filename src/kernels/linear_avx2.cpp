@@ -66,7 +66,7 @@ struct Avx2 {
   }
 
   // fp8 e4m3 -> fp32: the AVX-512 path's three exact decodings (linear_avx512.cpp), chosen per row and
-  // 128-column block by fp8_scale. kFastPath (normal codes only, |scale| < 2^7, a whole block): the
+  // 128-column block (RowCursor::block). kFastPath (normal codes only, |scale| < 2^7, a whole block): the
   // sign-extended byte << 20, masked, is fp8 * 2^-120 as fp32, and one multiply by scale * 2^120 gives
   // fp8 * scale rounded once; 4 instructions per 8 weights. kSubnormalPath (a zero or subnormal code, a
   // larger scale or a partial block): fp16 bits from the 7 magnitude bits, vcvtph2ps (F16C), one multiply
@@ -86,18 +86,11 @@ struct Avx2 {
   static Reg fp16_route_scale(const Fp8Scale& s) {
     return s.path == simd::kFastPath ? _mm256_mul_ps(s.s, _mm256_set1_ps(0x1p-112f)) : s.s;
   }
-  // codes: the block's Fp8Codes (weight.h) when the view carries them, -1 to scan its bytes here.
-  static Fp8Scale fp8_scale(float s, const uint8_t* block, int n, bool allow_fast, int codes) {
-    const bool big = !(s < 0x1p100f && s > -0x1p100f);
-    bool fast = allow_fast && s < 0x1p7f && s > -0x1p7f && n == 128;
-    if (fast) fast = codes >= 0 ? codes == kFp8Normal : only_normal_codes(block);
-    int path = simd::kFastPath;
-    if (!fast) {
-      const bool nan = codes >= 0 ? codes == kFp8NaN : has_nan_code(block, n);
-      path = big || nan ? simd::kExactPath : simd::kSubnormalPath;
-    }
-    return {_mm256_set1_ps(fast ? s * 0x1p120f : big ? s : s * 0x1p8f), path, big};
+  // The registers of a block's scale for its decoding `path` (RowCursor::block in linear_simd.h).
+  static Fp8Scale fp8_scale(float s, int path, bool big) {
+    return {_mm256_set1_ps(path == simd::kFastPath ? s * 0x1p120f : big ? s : s * 0x1p8f), path, big};
   }
+  // The two scans of a block's codes, for views without WeightView::fp8_codes.
   static bool only_normal_codes(const uint8_t* block) {  // 128 codes
     // 2 * code + 2 (mod 256) is at most 16 exactly for the magnitudes 0x7f (NaN), 0 and 1..7 (subnormal).
     const __m256i two = _mm256_set1_epi8(2), sixteen = _mm256_set1_epi8(16);

@@ -46,7 +46,7 @@ struct Avx512 {
   static Reg load_bf16(const uint16_t* p) { return bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   static Reg load_bf16_tail(const uint16_t* p, int n) { return bf16(_mm256_maskz_loadu_epi16(tail_mask(n), p)); }
 
-  // fp8 e4m3 -> fp32, three exact decodings, one chosen per row and 128-column block (fp8_scale):
+  // fp8 e4m3 -> fp32, three exact decodings, one chosen per row and 128-column block (RowCursor::block):
   // - kFastPath: the sign-extended byte shifted left by 20 and masked puts the sign at bit 31 and the 4
   //   exponent and 3 mantissa bits at bits 23..26 and 20..22: an fp32 equal to fp8 * 2^-120 exactly for
   //   every normal code. One multiply by scale * 2^120 then gives fp8 * scale rounded once, as weight_at()
@@ -71,18 +71,12 @@ struct Avx512 {
     int path;
     bool big;
   };
-  // codes: the block's Fp8Codes (weight.h) when the view carries them, -1 to scan its bytes here.
-  static Fp8Scale fp8_scale(float s, const uint8_t* block, int n, bool allow_fast, int codes) {
-    const bool big = !(s < 0x1p100f && s > -0x1p100f);
-    bool fast = allow_fast && s < 0x1p7f && s > -0x1p7f && n == 128;
-    if (fast) fast = codes >= 0 ? codes == kFp8Normal : only_normal_codes(block);
-    int path = simd::kFastPath;
-    if (!fast) {
-      const bool nan = codes >= 0 ? codes == kFp8NaN : has_nan_code(block, n);
-      path = big || nan ? simd::kExactPath : simd::kSubnormalPath;
-    }
-    return {_mm512_set1_ps(fast ? s * 0x1p120f : 0.0f), _mm512_set1_ps(big ? s : s * 0x1p8f), path, big};
+  // The registers of a block's scale for its decoding `path` (RowCursor::block in linear_simd.h).
+  static Fp8Scale fp8_scale(float s, int path, bool big) {
+    return {_mm512_set1_ps(path == simd::kFastPath ? s * 0x1p120f : 0.0f), _mm512_set1_ps(big ? s : s * 0x1p8f),
+            path, big};
   }
+  // The two scans of a block's codes, for views without WeightView::fp8_codes.
   static bool only_normal_codes(const uint8_t* block) {  // 128 codes
     // 2 * code + 2 (mod 256) is at most 16 exactly for the magnitudes 0x7f (NaN), 0 and 1..7 (subnormal).
     const __m512i two = _mm512_set1_epi8(2), b0 = _mm512_loadu_si512(block), b1 = _mm512_loadu_si512(block + 64);

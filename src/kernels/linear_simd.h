@@ -87,10 +87,22 @@ struct RowCursor<V, DType::kF8E4M3> {
   }
   const uint8_t* row_end = nullptr;
   // fast: whether the block may take kFastPath (dot_rows: not where the fast decoding measured slower).
+  // The decoding the block needs, from its codes (the view's table, or V's scan of the bytes) and its
+  // scale: kFastPath for normal codes only, |scale| < 2^7 and a whole block; kExactPath for a NaN code or
+  // |scale| >= 2^100; kSubnormalPath otherwise (see the ISA traits).
   void block(int64_t kb, bool fast = true) {
     const uint8_t* b = p + kb * kScaleBlock;
-    scale = V::fp8_scale(scales[kb], b, static_cast<int>(std::min<int64_t>(kScaleBlock, row_end - b)), fast,
-                         codes != nullptr ? codes[kb] : -1);
+    const int n = static_cast<int>(std::min<int64_t>(kScaleBlock, row_end - b));
+    const float s = scales[kb];
+    const bool big = !(s < 0x1p100f && s > -0x1p100f);
+    fast = fast && s < 0x1p7f && s > -0x1p7f && n == kScaleBlock &&
+           (codes != nullptr ? codes[kb] == kFp8Normal : V::only_normal_codes(b));
+    int path = kFastPath;
+    if (!fast) {
+      const bool nan = codes != nullptr ? codes[kb] == kFp8NaN : V::has_nan_code(b, n);
+      path = big || nan ? kExactPath : kSubnormalPath;
+    }
+    scale = V::fp8_scale(s, path, big);
   }
   int path() const { return scale.path; }
   template <int P>
