@@ -24,6 +24,7 @@
 // The Dot policy:
 //   using XElem;                           float or bf16 bits: x as convert_x lays it out
 //   static constexpr int kSteps;           steps per 128-column block (8 or 4)
+//   static constexpr bool kLongRowRuns;    whether rows of kLongRowBytes or more go as runs at any token count
 //   static constexpr int64_t kXElems;      elements of the x buffer (on the stack)
 //   static int64_t row_stride(int64_t blocks);   elements between converted x rows
 //   static void convert_x(const float* x, int64_t T, int64_t ldx, int64_t K, int64_t blocks, XElem* xc,
@@ -46,6 +47,7 @@ namespace moe::detail {
 namespace {
 
 constexpr int64_t kInt4BlockCols = 128;  // 16 words
+constexpr int64_t kLongRowBytes = 1024;  // a row of 2048 columns and more (see linear_int4_avx512_with)
 
 // The matrix and, for groups under 128 columns, lane l's scale within a block's group scales.
 struct Int4Rows : Int4Matrix {
@@ -217,8 +219,15 @@ bool linear_int4_avx512_with(const Dot& dot, const float* x, int64_t M, int64_t 
     // tokens 2 rows in passes of 4 tokens (re-decoding the rows from L1 for each pass: 1 row x 8 tokens, one
     // decoding for all, measured slower, its x loads feeding one product each; on the bf16-dot product too,
     // from L2 on a Zen 4 guest, within the noise). Rows left over go one at a time.
+    // The exact product (kLongRowRuns) keeps the runs, in passes of 2 tokens, at every token count on rows of
+    // 2048 columns and more: 4 rows x 2 tokens per pass outran 2 rows x 4 although each pass decodes the rows
+    // again (one thread, weights in L3, Zen 5, medians of 5 interleaved rounds: 2048x7168 at 3 / 4 / 8 / 16
+    // tokens 1158 / 1359 / 2583 / 4719 -> 824 / 909 / 1861 / 3697 us, 512x2048 81 / 78 / 174 / 373 -> 63 / 69
+    // / 141 / 276; from DRAM, two threads, 2048x7168 at 4 / 8 tokens 740 / 1408 -> 584 / 1134). Rows of 512
+    // columns measured slower as runs (2048x512 at 4 / 8 tokens 74 / 136 -> 86 / 168 us), and so did the bf16
+    // product's, which decodes 32 weights per step.
     int64_t n = n0;
-    if (T <= 2) {
+    if (T <= 2 || (Dot::kLongRowRuns && rows.words_per_row * 4 >= kLongRowBytes)) {
       constexpr int kRuns = 4;
       const int64_t run = (n1 - n) / kRuns;
       for (int64_t i = 0; i < run; ++i, ++n)

@@ -26,6 +26,7 @@ struct ExactDot {
   using XElem = float;
   using XVec = __m512;
   static constexpr int kSteps = 8;
+  static constexpr bool kLongRowRuns = true;  // int4_avx512.h, linear_int4_avx512_with
   static constexpr int64_t kXElems = 32 * 1024;  // 128 KiB of stack
   __m512 values = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);  // field f -> f - 8
 

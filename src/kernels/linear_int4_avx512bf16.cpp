@@ -31,6 +31,7 @@ struct Bf16Dot {
   using XElem = uint16_t;
   using XVec = __m512bh;
   static constexpr int kSteps = 4;
+  static constexpr bool kLongRowRuns = false;  // int4_avx512.h, linear_int4_avx512_with
   static constexpr int64_t kXElems = 64 * 1024;  // 128 KiB of stack
   __m512i values;  // half-word j: bf16 of (j % 16) - 8
 
