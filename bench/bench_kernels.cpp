@@ -225,7 +225,7 @@ double min_of(const std::vector<double>& v) { return *std::min_element(v.begin()
 
 void decode_args(benchmark::internal::Benchmark* b) {
   for (int64_t isa : {1, 2, 3, 4})
-    for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 16, 32}) b->Args({m, isa});
+    for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 32}) b->Args({m, isa});
   b->Threads(1)->Threads(2)->UseRealTime()->MinTime(0.3)->ComputeStatistics("min", min_of);
 }
 void prefill_args(benchmark::internal::Benchmark* b) {
