@@ -311,7 +311,8 @@ inline constexpr int64_t kPanelCols = 512;  // a multiple of kScaleBlock
 // in micro_kernel.
 // pf .. pf_end (may be empty): bytes of the next row block to stream in, spread over the k steps (a burst
 // of them at the panel's start measured slower: it overflows the miss buffers).
-// fill (bf16 and f32 rows, the first micro-block of a panel): the R rows' cursors; each vector is read
+// fill (the first micro-block of a panel: bf16 and f32 rows, and fp8 ones where V::kFp8FillPanels, block
+// by 128-column block in the widest decoding its R rows need): the R rows' cursors; each vector is read
 // from its row, converted, used and stored into the panel for the later micro-blocks, so the conversion
 // and the waits for the weights run under this block's FMAs instead of in a pass of their own (Zen 5,
 // bf16 512x2048 and 2048x512 at 10-16 tokens: AVX-512 3-13% faster, AVX2 9-13%; Qwen3-Next prefill of
@@ -319,7 +320,7 @@ inline constexpr int64_t kPanelCols = 512;  // a multiple of kScaleBlock
 template <class V, int R, int T, class Cursor = void>
 void micro_panel(const float* x, int64_t ldx, float (*panel)[kPanelCols], int64_t c0, int64_t c1,
                  float* acc_mem, const char* pf = nullptr, const char* pf_end = nullptr,
-                 const Cursor* fill = nullptr) {
+                 Cursor* fill = nullptr) {
   using Reg = typename V::Reg;
   constexpr int L = V::kLanes;
   const int64_t steps = std::max<int64_t>(1, (c1 - c0) / L), lines = pf < pf_end ? (pf_end - pf + 63) / 64 : 0;
@@ -332,24 +333,41 @@ void micro_panel(const float* x, int64_t ldx, float (*panel)[kPanelCols], int64_
   int64_t k = c0;
   // The T token vectors stay live and each panel row is loaded as it is used (L1), so R x T accumulators
   // plus T + 1 registers fit the register file even for R = 8.
-  for (; k + L <= c1; k += L) {
-    for (const char* to = std::min(pf + pf_step, pf_end); pf < to; pf += 64) V::prefetch(pf);
-    Reg xv[T];
+  const auto steps_to = [&](int64_t kend, auto path) __attribute__((always_inline)) {
+    for (; k + L <= kend; k += L) {
+      for (const char* to = std::min(pf + pf_step, pf_end); pf < to; pf += 64) V::prefetch(pf);
+      Reg xv[T];
 #pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) xv[t] = V::load(x + t * ldx + k);
+      for (int t = 0; t < T; ++t) xv[t] = V::load(x + t * ldx + k);
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      Reg wv;
-      if constexpr (std::is_void_v<Cursor>) {
-        wv = V::load(&panel[r][k - c0]);
-        // One load per row, not one per FMA: GCC would fold it into all T FMAs and saturate the load ports.
-        asm("" : "+v"(wv));
-      } else {
-        wv = fill[r].template load<kFastPath>(k);
-        V::store(&panel[r][k - c0], wv);
+      for (int r = 0; r < R; ++r) {
+        Reg wv;
+        if constexpr (std::is_void_v<Cursor>) {
+          wv = V::load(&panel[r][k - c0]);
+          // One load per row, not one per FMA: GCC would fold it into all T FMAs and saturate the load ports.
+          asm("" : "+v"(wv));
+        } else {
+          wv = fill[r].template load<decltype(path)::value>(k);
+          V::store(&panel[r][k - c0], wv);
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) acc[r][t] = V::fma(xv[t], wv, acc[r][t]);
       }
+    }
+  };
+  if constexpr (!std::is_same_v<Cursor, RowCursor<V, DType::kF8E4M3>>) {
+    steps_to(c1, std::integral_constant<int, kFastPath>{});
+  } else {
+    // 128-column block by block (c0 is a multiple of kScaleBlock): the decoding is the widest the R rows'
+    // blocks need, and load<P> above a row's own decoding reads the same values (fp8; bf16 and f32 have one).
+    for (int64_t kb = c0; kb < c1; kb += kScaleBlock) {
+      int path = kFastPath;
 #pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) acc[r][t] = V::fma(xv[t], wv, acc[r][t]);
+      for (int r = 0; r < R; ++r) {
+        fill[r].block(kb / kScaleBlock);
+        path = std::max(path, fill[r].path());
+      }
+      with_path(path, [&](auto p) __attribute__((always_inline)) { steps_to(std::min(c1, kb + kScaleBlock), p); });
     }
   }
   if (k < c1) {  // the panel's tail lanes are zero, like micro_kernel's tail loads
@@ -396,9 +414,9 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
     const int64_t c1 = std::min(K, c0 + kPanelCols);
     const char* pf = std::min(next + c0 * kColBytes, end);
     const char* pf_end = std::min(next + c1 * kColBytes, end);
-    // fp8 rows are decoded into the panel in a pass of their own (a decoding per 128-column block); bf16
-    // and f32 ones by the first micro-block as it uses them (micro_panel's fill).
-    constexpr bool kFill = D != DType::kF8E4M3;
+    // bf16 and f32 rows (and fp8 ones where V::kFp8FillPanels) are converted by the first micro-block as
+    // it uses them (micro_panel's fill); fp8 ones on AVX-512 in a pass of their own before it.
+    constexpr bool kFill = D != DType::kF8E4M3 || V::kFp8FillPanels;
     if constexpr (!kFill) {
       for (int64_t kb = c0; kb < c1; kb += kScaleBlock) {
         const int64_t kend = std::min(c1, kb + kScaleBlock);
