@@ -395,8 +395,9 @@ void micro_panel(const float* x, int64_t ldx, float (*panel)[kPanelCols], int64_
 }
 
 // One row block against 4 < M <= kMaxMacroTokens tokens: the rows are converted to fp32 once per panel of
-// kPanelCols columns (a stack buffer) and every token micro-block reuses it, so the dtype conversion is
-// paid once per row rather than once per micro-block, and the FMAs read L1.
+// kPanelCols columns (a stack buffer; by the first micro-block as it uses them, or for fp8 on AVX-512 in
+// a pass before it) and every later micro-block reuses it, so the dtype conversion is paid once per row
+// rather than once per micro-block, and the FMAs read L1.
 template <class V, DType D, int R>
 void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y,
                      int64_t ldy) {
