@@ -21,8 +21,8 @@ struct Avx2 {
   // How far ahead of its reads each run of rows is prefetched (run_kernel in linear_simd.h).
   static constexpr int64_t kRunLeadBytes = 4096;
   // fp8 panels are decoded by their first micro-block as it uses them (row_block_panel in linear_simd.h;
-  // Zen 5, fp8 2048x7168 in L3 at 5 / 8 / 16 tokens, one thread 2.80 / 3.53 / 5.95 -> 2.26 / 2.99 /
-  // 5.55 ms, two 1.63 / 2.25 / 3.50 -> 1.23 / 1.59 / 2.96 ms).
+  // Zen 5, fp8 2048x7168 in L3 at 5 / 10 / 16 tokens, one thread 3.19 / 4.16 / 5.89 -> 2.38 / 3.54 /
+  // 5.32 ms, two 1.56 / 2.11 / 2.99 -> 1.19 / 1.87 / 2.82 ms; docs/kernel-notes.md).
   static constexpr bool kFp8FillPanels = true;
 
   static Reg zero() { return _mm256_setzero_ps(); }

@@ -435,7 +435,8 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
     // Each micro-block streams in its share of the next row block's part of this panel, so the reads
     // run at an even rate under all of the panel's FMAs (bf16, one thread, 16 tokens: 249 -> 193 us per
     // 512x2048 matrix; Qwen3-Next prefill of 512 tokens: 161 -> 145 ms). fp8 leaves it all to the first
-    // micro-block, measured 3-5% better for its heavier conversion.
+    // micro-block, measured 3-5% better for its heavier conversion (with the decoding pass before it; not
+    // measured again since AVX2 decodes in that micro-block).
     const int64_t blocks = D == DType::kF8E4M3 ? 1 : (M + kT - 1) / kT;
     const int64_t share = ((pf_end - pf) / 64 + blocks - 1) / blocks * 64;
     // M > 4 >= kT: the first micro-block is always a whole one.
