@@ -170,8 +170,8 @@ TEST_P(Int4Isa, MatchesTheReferenceOnEveryShapeTokenCountAndGroupSize) {
 // and negative scales included. (127 is exact in bf16 and the int8 quantization takes it as 127 * 1; 127 w
 // is exact in fp32.)
 TEST_P(Int4Isa, DecodesEveryColumnExactly) {
-  for (int64_t K : {160, 192, 320})
-    for (int64_t g : {32, 64}) {
+  for (int64_t K : {160, 192, 320, 512})
+    for (int64_t g : {32, 64, 128, 256}) {
       if (K % g != 0) continue;
       const Int4Weight w = make_int4(9, K, g, static_cast<uint32_t>(K + g));
       std::vector<float> x(static_cast<size_t>(K * K), 0.0f);
