@@ -253,19 +253,22 @@ bool linear_int4_avx512_with(const Dot& dot, const float* x, int64_t M, int64_t 
     // tokens 2 rows in passes of 4 tokens (re-decoding the rows from L1 for each pass: 1 row x 8 tokens, one
     // decoding for all, measured slower, its x loads feeding one product each; on the bf16-dot product too,
     // from L2 on a Zen 4 guest, within the noise). Rows left over go one at a time.
-    // The exact product (kLongRowRuns) keeps the runs, in passes of 2 tokens, at every token count on rows of
-    // 2048 columns and more: 4 rows x 2 tokens per pass outran 2 rows x 4 although each pass decodes the rows
-    // again (one thread, weights in L3, Zen 5, medians of 5 interleaved rounds: 2048x7168 at 3 / 4 / 8 / 16
-    // tokens 1158 / 1359 / 2583 / 4719 -> 824 / 909 / 1861 / 3697 us, 512x2048 81 / 78 / 174 / 373 -> 63 / 69
-    // / 141 / 276; from DRAM, two threads, 2048x7168 at 4 / 8 tokens 740 / 1408 -> 584 / 1134). Rows of 512
-    // columns measured slower as runs (2048x512 at 4 / 8 tokens 74 / 136 -> 86 / 168 us), and so did the bf16
-    // product's, which decodes 32 weights per step.
+    // The exact product (kLongRowRuns) keeps the runs at every token count on rows of 2048 columns and more,
+    // in passes of up to 4 tokens: 4 rows x 2 tokens per pass had outrun 2 adjacent rows x 4 although each
+    // pass decodes the rows again (one thread, weights in L3, Zen 5, medians of 5 interleaved rounds:
+    // 2048x7168 at 3 / 4 / 8 / 16 tokens 1158 / 1359 / 2583 / 4719 -> 824 / 909 / 1861 / 3697 us, 512x2048
+    // 81 / 78 / 174 / 373 -> 63 / 69 / 141 / 276; from DRAM, two threads, 2048x7168 at 4 / 8 tokens 740 / 1408
+    // -> 584 / 1134), and 4 runs x 4 tokens, which decode half as often, outran that once the block's scales
+    // had stopped costing a fifth of the time (2048x7168 in L3, one thread, 3 / 4 / 8 / 16 / 32 tokens 683 /
+    // 774 / 1550 / 3173 / 6337 -> 550 / 691 / 1393 / 2865 / 5718 us; 3 tokens went as 2 + 1 before). Rows
+    // of 512 columns measured slower as runs (2048x512 at 4 / 8 tokens 74 / 136 -> 86 / 168 us), and so did
+    // the bf16 product's, which decodes 32 weights per step.
     int64_t n = n0;
     if (T <= 2 || (Dot::kLongRowRuns && rows.words_per_row * 4 >= kLongRowBytes)) {
       constexpr int kRuns = 4;
       const int64_t run = (n1 - n) / kRuns;
       for (int64_t i = 0; i < run; ++i, ++n)
-        int4_rows_pass<Dot, kRuns, 2>(dot, xc, T, ldxc, rows, {n, run}, ym + (n - n0), ldy);
+        int4_rows_pass<Dot, kRuns, 4>(dot, xc, T, ldxc, rows, {n, run}, ym + (n - n0), ldy);
       n += (kRuns - 1) * run;
     }
     for (; n + 2 <= n1; n += 2) int4_rows_pass<Dot, 2, 4>(dot, xc, T, ldxc, rows, {n, 1}, ym + (n - n0), ldy);
