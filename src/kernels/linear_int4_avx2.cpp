@@ -121,9 +121,20 @@ void transpose_x(const float* x, int64_t T, int64_t ldx, int64_t K, float* xt, i
   }
 }
 
-// Rows at.n + r * at.run (r < R) against all T tokens, in passes of up to 2.
+// Rows at.n + r * at.run (r < R) against all T tokens, in passes of up to 2 (of up to 4 for one row).
 template <int R>
 void rows_pass(const float* xt, int64_t T, int64_t ldxt, const Int4Matrix& w, RowRuns at, float* y, int64_t ldy) {
+  if constexpr (R == 1) {
+    for (int64_t t = 0; t < T; t += 4) {
+      switch (std::min<int64_t>(4, T - t)) {
+        case 1: micro<1, 1>(xt + t * ldxt, ldxt, w, at, y + t * ldy, ldy); break;
+        case 2: micro<1, 2>(xt + t * ldxt, ldxt, w, at, y + t * ldy, ldy); break;
+        case 3: micro<1, 3>(xt + t * ldxt, ldxt, w, at, y + t * ldy, ldy); break;
+        default: micro<1, 4>(xt + t * ldxt, ldxt, w, at, y + t * ldy, ldy); break;
+      }
+    }
+    return;
+  }
   for (int64_t t = 0; t < T; t += kSubTokens) {
     if (T - t == 1) micro<R, 1>(xt + t * ldxt, ldxt, w, at, y + t * ldy, ldy);
     else micro<R, 2>(xt + t * ldxt, ldxt, w, at, y + t * ldy, ldy);
@@ -144,7 +155,13 @@ void linear_int4_avx2(const float* x, int64_t M, int64_t ldx, const WeightView& 
     transpose_x(x + m0 * ldx, T, ldx, K, xt, ldxt);
     float* ym = y + m0 * ldy;
     // 1 token: 4 runs of consecutive rows, one row of each at a time, each run read as one long stream (4
-    // accumulators, 4 block sums, 4 words of 16 registers). More: 2 adjacent rows x 2 tokens.
+    // accumulators, 4 block sums, 4 words of 16 registers). 2 tokens: 2 adjacent rows x 2 tokens. From 3:
+    // one row x 4 tokens, which decodes each weight once per 4 tokens instead of 2 (3 instructions per 8
+    // weights bound this kernel) but reads the tokens' x once per row instead of once per 2 rows, so it
+    // stops where that x leaves the caches: past 8 tokens of over 64 KiB. One thread, in L3, on a Zen 5,
+    // medians of three interleaved rounds: 512x2048 at 3 / 4 / 8 tokens 122 / 132 / 269 -> 85 / 108 / 240
+    // us, 2048x512 at 3 / 8 / 16 125 / 279 / 549 -> 85 / 216 / 460, 2048x7168 at 3 / 8 / 16 1748 / 3722 /
+    // 7259 -> 1235 / 3329 / 6556; 512x2048 at 16 and 32 tokens (128 KiB of x) 551 / 1069 -> 671 / 1338.
     int64_t n = n0;
     if (T == 1) {
       constexpr int kRuns = 4;
@@ -152,7 +169,8 @@ void linear_int4_avx2(const float* x, int64_t M, int64_t ldx, const WeightView& 
       for (int64_t i = 0; i < run; ++i, ++n) rows_pass<kRuns>(xt, T, ldxt, rows, {n, run}, ym + (n - n0), ldy);
       n += (kRuns - 1) * run;
     }
-    for (; n + 2 <= n1; n += 2) rows_pass<2>(xt, T, ldxt, rows, {n, 1}, ym + (n - n0), ldy);
+    if (T < 3 || (T > 8 && T * ldxt > (64 << 10) / 4))
+      for (; n + 2 <= n1; n += 2) rows_pass<2>(xt, T, ldxt, rows, {n, 1}, ym + (n - n0), ldy);
     for (; n < n1; ++n) rows_pass<1>(xt, T, ldxt, rows, {n, 1}, ym + (n - n0), ldy);
   }
 }
