@@ -250,9 +250,12 @@ bool linear_int4_avx512_with(const Dot& dot, const float* x, int64_t M, int64_t 
     // (the float kernels' run_kernel); 4 rows x 1 token x 2 blocks or 4 x 2 x 1 keep 8 block sums in flight.
     // One thread, from DRAM, exact product, against 6 and 4 adjacent rows: 512x2048 at 1 / 2 tokens 44-50 /
     // 50-63 -> 29-32 / 40-44 us, 2048x7168 765-900 / 860-1135 -> 410-427 / 547-565 us (Zen 5). From 3
-    // tokens 2 rows in passes of 4 tokens (re-decoding the rows from L1 for each pass: 1 row x 8 tokens, one
-    // decoding for all, measured slower, its x loads feeding one product each; on the bf16-dot product too,
-    // from L2 on a Zen 4 guest, within the noise). Rows left over go one at a time.
+    // tokens 4 adjacent rows in passes of 4 tokens (re-decoding the rows from L1 for each pass: 1 row x 8
+    // tokens, one decoding for all, measured slower, its x loads feeding one product each; on the bf16-dot
+    // product too, from L2 on a Zen 4 guest, within the noise). 4 rows rather than 2 once the block scales
+    // had become cheap: one thread, in L3, Zen 5, 2048x512 at 3 / 8 / 16 / 32 tokens, exact 52 / 122 / 248
+    // / 624 -> 42 / 106 / 209 / 418 us, bf16-dot 35 / 78 / 157 / 318 -> 30 / 70 / 136 / 274; bf16-dot
+    // 512x2048 29 / 72 / 182 / 363 -> 25 / 59 / 122 / 249. Rows left over go two or one at a time.
     // The exact product (kLongRowRuns) keeps the runs at every token count on rows of 2048 columns and more,
     // in passes of up to 4 tokens: 4 rows x 2 tokens per pass had outrun 2 adjacent rows x 4 although each
     // pass decodes the rows again (one thread, weights in L3, Zen 5, medians of 5 interleaved rounds:
@@ -271,6 +274,7 @@ bool linear_int4_avx512_with(const Dot& dot, const float* x, int64_t M, int64_t 
         int4_rows_pass<Dot, kRuns, 4>(dot, xc, T, ldxc, rows, {n, run}, ym + (n - n0), ldy);
       n += (kRuns - 1) * run;
     }
+    for (; n + 4 <= n1; n += 4) int4_rows_pass<Dot, 4, 4>(dot, xc, T, ldxc, rows, {n, 1}, ym + (n - n0), ldy);
     for (; n + 2 <= n1; n += 2) int4_rows_pass<Dot, 2, 4>(dot, xc, T, ldxc, rows, {n, 1}, ym + (n - n0), ldy);
     for (; n < n1; ++n) int4_rows_pass<Dot, 1, 4>(dot, xc, T, ldxc, rows, {n, 1}, ym + (n - n0), ldy);
   }
