@@ -14,12 +14,12 @@
 // weight_at() defines them (fp8 value * block scale, rounded once), element by element.
 //
 // Loop structure (linear_rows): tokens in macro-blocks of up to kMaxMacroTokens (their x rows stay in
-// L2). Up to kRunTokens tokens (3 to 8, by ISA and dtype): 3-4 runs of consecutive rows, one row of each
-// at a time, every run read as one long stream (run_kernel, run_rows). More: row blocks (3 to 8 rows, by
-// token count, row length and dtype), then one register-blocked pass for 4 tokens (micro_kernel), one for
-// 5-6 (short_rows on rows of at most 1 KiB, long_rows on longer ones), two for 7-8 (wide_rows, or
-// short_rows; fp8 rows longer than 1 KiB: one, three_rows), or, for more, fp32 panels of the rows shared by
-// micro-blocks of 3-4 tokens (row_block_panel). Each weight row is streamed from memory once per
+// L2). Up to kRunTokens tokens (3 to 8, by ISA and dtype), and 5-6 where kRunSix: 3-4 runs of consecutive
+// rows, one row of each at a time, every run read as one long stream (run_kernel, run_rows). More: row
+// blocks (3 to 8 rows, by token count, row length and dtype), then one register-blocked pass for 4 tokens
+// (micro_kernel), one for fp8 at 5-6 (long_rows), two for 7-8 (wide_rows, or short_rows; fp8 rows longer
+// than 1 KiB: one, three_rows), or, for more, fp32 panels of the rows shared by micro-blocks of 3-4 tokens
+// (row_block_panel). Each weight row is streamed from memory once per
 // macro-block.
 #pragma once
 
@@ -237,6 +237,15 @@ void micro_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, f
 template <class V, DType D>
 inline constexpr int64_t kRunTokens = D == DType::kF8E4M3 ? 4 : V::kTokens < 4 ? 8 : 3;
 
+// Whether 5-6 tokens go as 4 runs in one pass (20-24 accumulators): AVX-512 bf16 and f32. Against 4
+// adjacent rows in one pass, the next rows 16 KiB ahead (rows of at most 1 KiB) or each row 2 KiB ahead
+// (longer), one thread, from DRAM, medians of three interleaved rounds, 5 / 6 tokens: bf16 2048x512 108 /
+// 126 -> 94 / 101 us (two threads 58 / 60 -> 48 / 50), 512x2048 98 / 110 -> 92 / 100; in L3 the same or
+// 5-10% faster; f32 512x2048 the same. 7-8 tokens as runs in passes of 4 measured mixed (up to 13% slower
+// in L3), and keep their blocks.
+template <class V, DType D>
+inline constexpr bool kRunSix = V::kWideBlocks && D != DType::kF8E4M3;
+
 // y[t * ldy + r * run] for t < T, r < R: rows n + r * run of w against tokens x[0 .. T), for the R runs
 // of `run` consecutive rows that a caller walks with n, n + 1, ... (run_rows). Each run is read front to
 // back as one long stream, prefetched V::kRunLeadBytes ahead of its reads, on into its next row: the access
@@ -271,10 +280,10 @@ void run_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, int
     for (int r = 0; r < R; ++r) y[t * ldy + r * run] = sums[t * R + r];
 }
 
-// Rows [n, n1) as runs against M <= kRunTokens tokens, y at column n; returns the first row left over
-// (fewer than a run's count). 4 runs, or 3 on AVX2 from 3 tokens, so that 3 x 4 accumulators fit its 16
-// registers (2 runs measured 20-40% slower at 1 token, 6 and 8 slower); passes of at most 4 tokens (5-6 as
-// 3 + 2-3), the later ones re-reading the rows from L1.
+// Rows [n, n1) as runs against M <= kRunTokens tokens (or 5-6, kRunSix), y at column n; returns the first
+// row left over (fewer than a run's count). 4 runs, or 3 on AVX2 from 3 tokens, so that 3 x 4 accumulators
+// fit its 16 registers (2 runs measured 20-40% slower at 1 token, 6 and 8 slower); passes of at most 4
+// tokens (5-6 as 3 + 2-3, or one pass where kRunSix), the later ones re-reading the rows from L1.
 template <class V, DType D>
 int64_t run_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, int64_t n1, float* y,
                  int64_t ldy) {
@@ -283,13 +292,20 @@ int64_t run_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
     const int64_t run = (n1 - n) / R;
     for (int64_t i = 0; i < run; ++i)
       for (int64_t t = 0; t < M;) {
-        const int64_t T = M - t == 5 || M - t == 6 ? 3 : std::min<int64_t>(4, M - t);
+        const int64_t left = M - t;
+        const int64_t T = left == 5 || left == 6 ? (kRunSix<V, D> ? left : 3) : std::min<int64_t>(4, left);
         const float* xt = x + t * ldx;
         float* yt = y + i + t * ldy;
         switch (T) {
           case 1: run_kernel<V, D, R, 1>(xt, ldx, w, n + i, run, yt, ldy); break;
           case 2: run_kernel<V, D, R, 2>(xt, ldx, w, n + i, run, yt, ldy); break;
           case 3: run_kernel<V, D, R, 3>(xt, ldx, w, n + i, run, yt, ldy); break;
+          case 5:
+            if constexpr (kRunSix<V, D>) run_kernel<V, D, R, 5>(xt, ldx, w, n + i, run, yt, ldy);
+            break;
+          case 6:
+            if constexpr (kRunSix<V, D>) run_kernel<V, D, R, 6>(xt, ldx, w, n + i, run, yt, ldy);
+            break;
           default: run_kernel<V, D, R, 4>(xt, ldx, w, n + i, run, yt, ldy); break;
         }
         t += T;
@@ -302,8 +318,8 @@ int64_t run_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
 
 inline constexpr int64_t kMaxMacroTokens = 32;
 inline constexpr int64_t kRowLeadBytes = 1536;  // per row, 4 tokens (see wide_rows)
-inline constexpr int64_t kShortRowLeadBytes = 16 << 10;  // 5-8 tokens on short rows (see short_rows)
-inline constexpr int64_t kLongRowLeadBytes = 2048;  // per row, 5-6 tokens on long rows (see long_rows)
+inline constexpr int64_t kShortRowLeadBytes = 16 << 10;  // 7-8 tokens on short rows (see short_rows)
+inline constexpr int64_t kLongRowLeadBytes = 2048;  // per row, fp8 at 5-8 tokens on long rows (long_rows)
 inline constexpr int64_t kPanelCols = 512;  // a multiple of kScaleBlock
 
 // Tokens x[0 .. T) against panel columns [c0, c1) of R converted rows; the accumulators live in acc_mem
@@ -467,7 +483,7 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
 // whole row block ahead: the block's prefetched 24 KiB (6 bf16 rows of 2048) pushed the tokens' 32 KiB of x
 // out of the 48 KiB L1 at every block (one thread, bf16 from DRAM: 512x2048 71-75 -> 58-62 us, 2048x512
 // 58-61 -> 54-56 us). With two passes it measured 8-15% slower, so 7-8 tokens keep the next-block stream
-// (5-6: long_rows; 3: run_rows).
+// (3, and 5-6: run_rows).
 template <class V, DType D, int R>
 void wide_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
   if (M <= 4) return micro_kernel<V, D, R, 4>(x, ldx, w, n, y, ldy, R, kRowLeadBytes / static_cast<int64_t>(dtype_size(D)));
@@ -476,35 +492,31 @@ void wide_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int6
   micro_kernel<V, D, R, 4>(x + 4 * ldx, ldx, w, n, y + 4 * ldy, ldy);
 }
 
-// 4 rows of at most 1 KiB (a down projection: bf16 K <= 512) against 5 <= M <= 8 tokens: one pass of 5-6
-// (24 accumulators), two of 4 and 3-4 for 7-8, each streaming the rows kShortRowLeadBytes ahead. The
-// tokens' x (8 x 2 KiB at most) stays in L1 beside 16 KiB in flight, where 6 rows in passes of 4 + rest
-// with the next block streamed left the memory idle between blocks (one thread, bf16 2048x512 from DRAM,
-// 5 / 6 / 7 / 8 tokens: 76-79 / 82-84 / 89-98 / 96-104 -> 58-62 / 65-68 / 76-80 / 85-87 us).
+// 4 rows of at most 1 KiB (a down projection: bf16 K <= 512) against 7 or 8 tokens: two passes of 4 and
+// 3-4, each streaming the rows kShortRowLeadBytes ahead. The tokens' x (8 x 2 KiB at most) stays in L1
+// beside 16 KiB in flight, where 6 rows in passes of 4 + rest with the next block streamed left the memory
+// idle between blocks (one thread, bf16 2048x512 from DRAM, 5 / 6 / 7 / 8 tokens: 76-79 / 82-84 / 89-98 /
+// 96-104 -> 58-62 / 65-68 / 76-80 / 85-87 us; 5-6 tokens, one pass here then, now go as runs: kRunSix).
 // Not shared with long_rows through a lead_cols argument: passed at run time, its 0 here kept GCC from
 // specialising micro_kernel on it (7-8 tokens measured 15% slower).
 template <class V, DType D>
 void short_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
   const int64_t row_bytes = w.cols * static_cast<int64_t>(dtype_size(D));
   const int64_t lead = std::max<int64_t>(4, (kShortRowLeadBytes / std::max<int64_t>(row_bytes, 1) + 3) / 4 * 4);
-  switch (M) {
-    case 5: return micro_kernel<V, D, 4, 5>(x, ldx, w, n, y, ldy, lead);
-    case 6: return micro_kernel<V, D, 4, 6>(x, ldx, w, n, y, ldy, lead);
-    default:
-      micro_kernel<V, D, 4, 4>(x, ldx, w, n, y, ldy, lead);
-      if (M == 7) return micro_kernel<V, D, 4, 3>(x + 4 * ldx, ldx, w, n, y + 4 * ldy, ldy, lead);
-      return micro_kernel<V, D, 4, 4>(x + 4 * ldx, ldx, w, n, y + 4 * ldy, ldy, lead);
-  }
+  micro_kernel<V, D, 4, 4>(x, ldx, w, n, y, ldy, lead);
+  if (M == 7) return micro_kernel<V, D, 4, 3>(x + 4 * ldx, ldx, w, n, y + 4 * ldy, ldy, lead);
+  micro_kernel<V, D, 4, 4>(x + 4 * ldx, ldx, w, n, y + 4 * ldy, ldy, lead);
 }
 
-// 4 rows of more than 1 KiB (a gate or up projection: bf16 K > 512) against 5 or 6 tokens in one pass
-// (20-24 accumulators), each row streamed kLongRowLeadBytes ahead of its reads. Two passes over 6 rows
-// (wide_rows) converted every weight twice and ran the second, 1-2 token pass at the load ports' pace (one
-// thread, bf16 512x2048, 5 / 6 tokens, weights in L3: 74-75 / 82 -> 57-59 / 68-71 us; from DRAM: 85-87 /
-// 95-97 -> 69-71 / 74 us). Leads of 1, 1.5, 3 and 4 KiB measured slower, and so did 3 rows x 7-8 tokens.
-// fp8 takes them too: its decoding costs more than the FMAs it feeds, so a single pass beats panels decoded
-// once for all tokens (one thread, fp8 2048x7168 in L3, 5 / 6 tokens: 1.29-1.35 / 1.36-1.40 -> 0.92-0.93 /
-// 1.03-1.04 ms; from DRAM, two threads: 0.72 / 0.71-0.72 -> 0.48 / 0.53 ms).
+// 4 fp8 rows of more than 1 KiB (a gate or up projection) against 5 or 6 tokens in one pass (20-24
+// accumulators), each row streamed kLongRowLeadBytes ahead of its reads. Written for bf16 first: two passes
+// over 6 rows (wide_rows) converted every weight twice and ran the second, 1-2 token pass at the load
+// ports' pace (one thread, bf16 512x2048, 5 / 6 tokens, weights in L3: 74-75 / 82 -> 57-59 / 68-71 us;
+// from DRAM: 85-87 / 95-97 -> 69-71 / 74 us; bf16 and f32 have since gone as runs, kRunSix). Leads of 1,
+// 1.5, 3 and 4 KiB measured slower, and so did 3 rows x 7-8 tokens. For fp8 the decoding costs more than
+// the FMAs it feeds, so a single pass beats panels decoded once for all tokens (one thread, fp8 2048x7168
+// in L3, 5 / 6 tokens: 1.29-1.35 / 1.36-1.40 -> 0.92-0.93 / 1.03-1.04 ms; from DRAM, two threads: 0.72 /
+// 0.71-0.72 -> 0.48 / 0.53 ms).
 template <class V, DType D>
 void long_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
   const int64_t lead_cols = kLongRowLeadBytes / static_cast<int64_t>(dtype_size(D));
@@ -552,17 +564,18 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
     float* ym = y + m0 * ldy;
     int64_t n = n0;
     // Up to kRunTokens tokens: runs of rows, each read as one stream (run_kernel), then the few rows left over.
-    if (mc <= kRunTokens<V, D>) n = run_rows<V, D>(xm, mc, ldx, w, n, n1, ym + (n - n0), ldy);
+    if (mc <= kRunTokens<V, D> || (kRunSix<V, D> && (mc == 5 || mc == 6)))
+      n = run_rows<V, D>(xm, mc, ldx, w, n, n1, ym + (n - n0), ldy);
     const int64_t row_bytes = w.cols * static_cast<int64_t>(dtype_size(D));
-    // Past the runs, to 8 tokens: 6 rows (wide_rows), except 5-8 on rows of at most 1 KiB (short_rows) and
-    // 5-6 on longer ones (long_rows). 6 rows x 4 tokens fills 24 of 32 registers (measured ~10% faster than
-    // 4 x 4 for bf16 on one thread). fp8 rows carry scale registers and stay at 3-4 (6 x 3-4 spilled them:
-    // one thread, fp8 2048x7168 in L3, 3 / 4 tokens 650 / 781 -> 828 / 886 us).
+    // Past the runs, to 8 tokens: 6 rows (wide_rows), except 7-8 on rows of at most 1 KiB (short_rows) and
+    // fp8 at 5-8 on longer ones (long_rows, three_rows). 6 rows x 4 tokens fills 24 of 32 registers
+    // (measured ~10% faster than 4 x 4 for bf16 on one thread). fp8 rows carry scale registers and stay at
+    // 3-4 (6 x 3-4 spilled them: one thread, fp8 2048x7168 in L3, 3 / 4 tokens 650 / 781 -> 828 / 886 us).
     constexpr bool kWide = V::kWideBlocks && D != DType::kF8E4M3;
     constexpr bool kFp8Long = V::kWideBlocks && D == DType::kF8E4M3;  // one-pass blocks on long fp8 rows
-    if (kWide && mc >= 5 && mc <= 8 && row_bytes <= 1024)
+    if (kWide && mc >= 7 && mc <= 8 && row_bytes <= 1024)
       for (; n + 4 <= n1; n += 4) short_rows<V, D>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
-    if ((kWide || kFp8Long) && mc >= 5 && mc <= 6 && row_bytes > 1024)
+    if (kFp8Long && mc >= 5 && mc <= 6 && row_bytes > 1024)
       for (; n + 4 <= n1; n += 4) long_rows<V, D>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     if (kFp8Long && mc >= 7 && mc <= 8 && row_bytes > 1024)
       for (; n + 3 <= n1; n += 3) three_rows<V, D>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
