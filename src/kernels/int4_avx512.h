@@ -210,15 +210,6 @@ void int4_micro(const Dot& dot, const typename Dot::XElem* xc, int64_t ldxc, con
   }
 }
 
-// Calls f(std::integral_constant<int, tc>) for the runtime tc in [1, P].
-template <int P, class F>
-inline __attribute__((always_inline)) void with_token_count(int64_t tc, F&& f) {
-  if constexpr (P > 1) {
-    if (tc < P) return with_token_count<P - 1>(tc, f);
-  }
-  f(std::integral_constant<int, P>{});
-}
-
 // Rows at.n + r * at.run (r < R) against all T tokens, in passes of up to P tokens; two blocks at once for
 // one token.
 template <class Dot, int R, int P>

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/weight.h"
 
@@ -62,6 +63,15 @@ template <int R>
     sahead[r] = reinterpret_cast<const char*>(srows[r]) + w.scale_offset(kInt4RunLeadBytes / 4 / w.block_words);
   }
   return reinterpret_cast<const char*>(rows[0] + R * w.words_per_row);
+}
+
+// Calls f(std::integral_constant<int, tc>) for the runtime tc in [1, P].
+template <int P, class F>
+inline __attribute__((always_inline)) void with_token_count(int64_t tc, F&& f) {
+  if constexpr (P > 1) {
+    if (tc < P) return with_token_count<P - 1>(tc, f);
+  }
+  f(std::integral_constant<int, P>{});
 }
 
 }  // namespace

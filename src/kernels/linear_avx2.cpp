@@ -90,7 +90,7 @@ struct Avx2 {
   static Reg fp16_route_scale(const Fp8Scale& s) {
     return s.path == simd::kFastPath ? _mm256_mul_ps(s.s, _mm256_set1_ps(0x1p-112f)) : s.s;
   }
-  // The registers of a block's scale for its decoding `path` (RowCursor::block in linear_simd.h).
+  // The registers of a block's scale for its decoding `path` (RowCursor::block in row_cursor.h).
   static Fp8Scale fp8_scale(float s, int path, bool big) {
     return {_mm256_set1_ps(path == simd::kFastPath ? s * 0x1p120f : big ? s : s * 0x1p8f), path, big};
   }

@@ -75,7 +75,7 @@ struct Avx512 {
     int path;
     bool big;
   };
-  // The registers of a block's scale for its decoding `path` (RowCursor::block in linear_simd.h).
+  // The registers of a block's scale for its decoding `path` (RowCursor::block in row_cursor.h).
   static Fp8Scale fp8_scale(float s, int path, bool big) {
     return {_mm512_set1_ps(path == simd::kFastPath ? s * 0x1p120f : 0.0f), _mm512_set1_ps(big ? s : s * 0x1p8f),
             path, big};

@@ -32,6 +32,7 @@ namespace {
 constexpr int64_t kBlockCols = kInt4Avx2BlockCols;
 constexpr int64_t kXtFloats = 32 * 1024;
 constexpr int kSubTokens = 2;  // 16 registers: 2 tokens per pass
+constexpr int64_t kNearXFloats = (64 << 10) / 4;  // one row x 4 tokens past 8 tokens: x within 64 KiB
 
 // y[t * ldy + r * run] for t < T, r < R: rows n + r * run against T tokens of xt (ldxt floats apart).
 // Streamed in: with runs, each row's words kInt4RunLeadBytes ahead of its reads and its scales as far ahead
@@ -121,24 +122,14 @@ void transpose_x(const float* x, int64_t T, int64_t ldx, int64_t K, float* xt, i
   }
 }
 
-// Rows at.n + r * at.run (r < R) against all T tokens, in passes of up to 2 (of up to 4 for one row).
+// Rows at.n + r * at.run (r < R) against all T tokens, in passes of up to 2 tokens (4 for one row).
 template <int R>
 void rows_pass(const float* xt, int64_t T, int64_t ldxt, const Int4Matrix& w, RowRuns at, float* y, int64_t ldy) {
-  if constexpr (R == 1) {
-    for (int64_t t = 0; t < T; t += 4) {
-      switch (std::min<int64_t>(4, T - t)) {
-        case 1: micro<1, 1>(xt + t * ldxt, ldxt, w, at, y + t * ldy, ldy); break;
-        case 2: micro<1, 2>(xt + t * ldxt, ldxt, w, at, y + t * ldy, ldy); break;
-        case 3: micro<1, 3>(xt + t * ldxt, ldxt, w, at, y + t * ldy, ldy); break;
-        default: micro<1, 4>(xt + t * ldxt, ldxt, w, at, y + t * ldy, ldy); break;
-      }
-    }
-    return;
-  }
-  for (int64_t t = 0; t < T; t += kSubTokens) {
-    if (T - t == 1) micro<R, 1>(xt + t * ldxt, ldxt, w, at, y + t * ldy, ldy);
-    else micro<R, 2>(xt + t * ldxt, ldxt, w, at, y + t * ldy, ldy);
-  }
+  constexpr int P = R == 1 ? 4 : kSubTokens;
+  for (int64_t t = 0; t < T; t += P)
+    with_token_count<P>(std::min<int64_t>(P, T - t), [&](auto tokens) {
+      micro<R, decltype(tokens)::value>(xt + t * ldxt, ldxt, w, at, y + t * ldy, ldy);
+    });
 }
 
 }  // namespace
@@ -169,7 +160,7 @@ void linear_int4_avx2(const float* x, int64_t M, int64_t ldx, const WeightView& 
       for (int64_t i = 0; i < run; ++i, ++n) rows_pass<kRuns>(xt, T, ldxt, rows, {n, run}, ym + (n - n0), ldy);
       n += (kRuns - 1) * run;
     }
-    if (T < 3 || (T > 8 && T * ldxt > (64 << 10) / 4))
+    if (T < 3 || (T > 8 && T * ldxt > kNearXFloats))
       for (; n + 2 <= n1; n += 2) rows_pass<2>(xt, T, ldxt, rows, {n, 1}, ym + (n - n0), ldy);
     for (; n < n1; ++n) rows_pass<1>(xt, T, ldxt, rows, {n, 1}, ym + (n - n0), ldy);
   }
