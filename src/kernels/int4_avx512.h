@@ -203,10 +203,7 @@ void int4_micro(const Dot& dot, const typename Dot::XElem* xc, int64_t ldxc, con
   if (at.run == 1) {
     hsum16_acc<R, T>(acc, y, ldy);
   } else {
-    float sums[T * R];
-    hsum16_acc<R, T>(acc, sums, R);
-    for (int t = 0; t < T; ++t)
-      for (int r = 0; r < R; ++r) y[t * ldy + r * at.run] = sums[t * R + r];
+    hsum16_acc_strided<R, T>(acc, y, ldy, at.run);
   }
 }
 

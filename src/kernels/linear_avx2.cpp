@@ -51,10 +51,12 @@ struct Avx2 {
   }
   // One dot product at a time (the AVX-512 paths reduce several together).
   template <int R, int T>
-  static void hsum_acc(const Reg (&acc)[R][T], float* y, int64_t ldy) {
+  static void hsum_acc_strided(const Reg (&acc)[R][T], float* y, int64_t ldy, int64_t stride) {
     for (int t = 0; t < T; ++t)
-      for (int r = 0; r < R; ++r) y[t * ldy + r] = hsum(acc[r][t]);
+      for (int r = 0; r < R; ++r) y[t * ldy + r * stride] = hsum(acc[r][t]);
   }
+  template <int R, int T>
+  static void hsum_acc(const Reg (&acc)[R][T], float* y, int64_t ldy) { hsum_acc_strided<R, T>(acc, y, ldy, 1); }
   template <int R>
   static void hsum_mem(const float* acc_mem, int64_t M, float* y, int64_t ldy) {
     for (int64_t t = 0; t < M; ++t)

@@ -37,9 +37,13 @@ struct Avx512 {
   __attribute__((always_inline)) static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
   // The fixed 16-lane tree (avx512_hsum.h) of acc[r][t] into y[t * ldy + r], and of M tokens'
   // accumulators parked as [t][r][lanes]: up to 16 reduced together, each sum bitwise hsum16's (one
-  // thread, bf16 2048x512 at 8 tokens: 94 -> 86 us).
+  // thread, bf16 2048x512 at 8 tokens: 94 -> 86 us); hsum_acc_strided for the rows of runs.
   template <int R, int T>
   static void hsum_acc(const Reg (&acc)[R][T], float* y, int64_t ldy) { detail::hsum16_acc<R, T>(acc, y, ldy); }
+  template <int R, int T>
+  static void hsum_acc_strided(const Reg (&acc)[R][T], float* y, int64_t ldy, int64_t stride) {
+    detail::hsum16_acc_strided<R, T>(acc, y, ldy, stride);
+  }
   template <int R>
   static void hsum_mem(const float* acc_mem, int64_t M, float* y, int64_t ldy) {
     detail::hsum16_mem<R>(acc_mem, M, y, ldy);

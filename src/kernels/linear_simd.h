@@ -1,7 +1,7 @@
 // The register-blocked linear kernel shared by the SIMD paths (internal to moe_kernels).
 //
-// Each ISA's .cpp defines its vector traits V (Reg, kLanes, zero/load/fma, the lane reductions hsum_acc and
-// hsum_mem, and the weight-row loaders) and then includes this file, so every instantiation lives in one
+// Each ISA's .cpp defines its vector traits V (Reg, kLanes, zero/load/fma, the lane reductions hsum_acc,
+// hsum_acc_strided (rows `stride` apart, for runs) and hsum_mem, and the weight-row loaders) and then includes this file, so every instantiation lives in one
 // translation unit compiled with that ISA's target flags; everything here is a template on V, so nothing
 // is shared across ISAs (no ODR clash).
 //
@@ -182,10 +182,7 @@ void run_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, int
       for (int r = 0; r < R; ++r)
         if (ahead[r] + c < end) V::prefetch(ahead[r] + c);
   });
-  float sums[T * R];
-  V::template hsum_acc<R, T>(acc, sums, R);
-  for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; ++r) y[t * ldy + r * run] = sums[t * R + r];
+  V::template hsum_acc_strided<R, T>(acc, y, ldy, run);
 }
 
 // Rows [n, n1) as runs against M <= kRunTokens tokens (or 5-6, kRunSix), y at column n; returns the first
