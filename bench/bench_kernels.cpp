@@ -12,6 +12,10 @@
 // = int4 weights against x quantized to int8); those this CPU lacks are skipped. --benchmark_filter='/2$' (the ISA argument) keeps one. int4 matrices count their
 // bf16 group scales as bytes read; their product count per weight is bf16's, so past a few tokens they are
 // bound by the arithmetic peak.
+// Benchmark thread i runs pinned to the i-th CPU this process may use, as the start-up probes pin their
+// thread i: a fraction then compares a kernel with what the same core read, and a one-thread figure does not
+// depend on which vCPU the scheduler chose (on a guest whose host shares the cores they can differ by a
+// quarter; docs/benchmarking.md, "Machine effects that matter").
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
 
@@ -29,6 +33,7 @@
 #include "kernels/linear.h"
 #include "kernels/roofline.h"
 #include "kernels/weight.h"
+#include "runtime/cpu_affinity.h"
 
 namespace {
 
@@ -39,6 +44,9 @@ double g_bw_gbps[3] = {0, 0, 0};  // by thread count 1, 2
 double g_peak_f32[3] = {0, 0, 0};
 double g_peak_f32_256[3] = {0, 0, 0};  // on 256-bit vectors: the AVX2 kernels' peak
 double g_peak_bf16[3] = {0, 0, 0};
+std::vector<int> g_cpus;  // the process's CPUs, read before any thread is pinned
+
+void pin(const benchmark::State& state) { moe::rt::pin_thread(pthread_self(), state.thread_index(), g_cpus); }
 
 // One huge-page-advised, pre-faulted region of pseudo-random bf16-ish bytes, shared by all benchmarks.
 struct Pool {
@@ -169,6 +177,7 @@ std::optional<moe::Isa> select_isa(benchmark::State& state, int64_t arg, DType d
 }
 
 void decode(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
+  pin(state);
   const int64_t M = state.range(0);
   const std::optional<moe::Isa> chosen = select_isa(state, state.range(1), dt);
   if (!chosen) return;
@@ -194,6 +203,7 @@ void decode(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
 }
 
 void prefill(benchmark::State& state, DType dt, int64_t rows, int64_t cols) {
+  pin(state);
   const int64_t M = state.range(0);
   const std::optional<moe::Isa> chosen = select_isa(state, state.range(1), dt);
   if (!chosen) return;
@@ -252,6 +262,7 @@ BENCHMARK_CAPTURE(prefill, int4_2048x7168, DType::kInt4, 2048, 7168)->Apply(pref
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
+  g_cpus = moe::rt::allowed_cpus();
   Pool& pool = Pool::get();  // map and fill before measuring anything
   for (int t : {1, 2}) {
     // Over the pool when it is far larger than the caches: nothing is unmapped just before the benchmarks,
