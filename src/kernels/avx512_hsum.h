@@ -84,9 +84,16 @@ static inline void hsum16_rows(const __m512* v, float* y, int64_t ldy) {
   }
 }
 
-// y[t * ldy + r] = hsum16(acc[r][t]) for r < R, t in [T0, T): whole tokens' R rows, up to 16 sums at once.
-template <int R, int T, int T0 = 0>
-static inline void hsum16_acc(const __m512 (&acc)[R][T], float* y, int64_t ldy) {
+// y[t * ldy + r * stride] = hsum16(acc[r][t]) for r < R, t in [T0, T): whole tokens' R rows, up to 16 sums
+// at once. kStrided = false: stride is 1 and each token's R sums go out in one masked store (hsum16_rows).
+// kStrided: the rows of runs, `stride` rows apart; the tree's vector goes to a local buffer in one full
+// store and the sums are copied out of it. The run kernels used to take the masked store into a local
+// array: a load is not forwarded from a masked store, so every call waited for it to reach the cache (int4
+// 2048x512 at one token, one thread, in L3 on a Zen 5: about a tenth of the time). Storing each lane with
+// vextractps measured the same there, and 10-25% slower where it was inlined into the AVX-512 float
+// kernels' 5-6 token runs (bf16 2048x512 from DRAM).
+template <int R, int T, bool kStrided, int T0 = 0>
+static inline void hsum16_acc_groups(const __m512 (&acc)[R][T], float* y, int64_t ldy, int64_t stride) {
   if constexpr (T0 < T) {
     constexpr int G = std::clamp(16 / R, 1, T - T0);
     __m512 v[G * R];
@@ -94,27 +101,9 @@ static inline void hsum16_acc(const __m512 (&acc)[R][T], float* y, int64_t ldy) 
     for (int g = 0; g < G; ++g)
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) v[g * R + r] = acc[r][T0 + g];
-    hsum16_rows<R, G>(v, y + T0 * ldy, ldy);
-    hsum16_acc<R, T, T0 + G>(acc, y, ldy);
-  }
-}
-
-// y[t * ldy + r * stride] = hsum16(acc[r][t]) for r < R, t < T: the rows of runs, `stride` rows apart.
-// The tree's vector goes to a local buffer in one full store, and the sums are copied out of it. The run
-// kernels took hsum16_acc's masked store into a local array instead: a load is not forwarded from a masked
-// store, so every call waited for it to reach the cache (int4 2048x512 at one token, one thread, in L3 on
-// a Zen 5: about a tenth of the time). Storing each lane with vextractps measured the same there, and 10-25%
-// slower where it was inlined into the AVX-512 float kernels' 5-6 token runs (bf16 2048x512 from DRAM).
-template <int R, int T, int T0 = 0>
-static inline void hsum16_acc_strided(const __m512 (&acc)[R][T], float* y, int64_t ldy, int64_t stride) {
-  if constexpr (T0 < T) {
-    constexpr int G = std::clamp(16 / R, 1, T - T0);
-    __m512 v[G * R];
-#pragma GCC unroll 16
-    for (int g = 0; g < G; ++g)
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) v[g * R + r] = acc[r][T0 + g];
-    if constexpr (G * R == 1) {
+    if constexpr (!kStrided) {
+      hsum16_rows<R, G>(v, y + T0 * ldy, ldy);
+    } else if constexpr (G * R == 1) {
       y[T0 * ldy] = hsum16(v[0]);
     } else {
       alignas(64) float all[16];
@@ -122,8 +111,20 @@ static inline void hsum16_acc_strided(const __m512 (&acc)[R][T], float* y, int64
 #pragma GCC unroll 16
       for (int i = 0; i < G * R; ++i) y[(T0 + i / R) * ldy + (i % R) * stride] = all[4 * (i % 4) + i / 4];
     }
-    hsum16_acc_strided<R, T, T0 + G>(acc, y, ldy, stride);
+    hsum16_acc_groups<R, T, kStrided, T0 + G>(acc, y, ldy, stride);
   }
+}
+
+// y[t * ldy + r] = hsum16(acc[r][t]): R adjacent rows.
+template <int R, int T>
+static inline void hsum16_acc(const __m512 (&acc)[R][T], float* y, int64_t ldy) {
+  hsum16_acc_groups<R, T, false>(acc, y, ldy, 1);
+}
+
+// y[t * ldy + r * stride] = hsum16(acc[r][t]): the rows of runs.
+template <int R, int T>
+static inline void hsum16_acc_strided(const __m512 (&acc)[R][T], float* y, int64_t ldy, int64_t stride) {
+  hsum16_acc_groups<R, T, true>(acc, y, ldy, stride);
 }
 
 // The same for M tokens' accumulators parked in memory as [t][r][16] (a group's vectors are consecutive).

@@ -1,9 +1,9 @@
 // The register-blocked linear kernel shared by the SIMD paths (internal to moe_kernels).
 //
 // Each ISA's .cpp defines its vector traits V (Reg, kLanes, zero/load/fma, the lane reductions hsum_acc,
-// hsum_acc_strided (rows `stride` apart, for runs) and hsum_mem, and the weight-row loaders) and then includes this file, so every instantiation lives in one
-// translation unit compiled with that ISA's target flags; everything here is a template on V, so nothing
-// is shared across ISAs (no ODR clash).
+// hsum_acc_strided (rows `stride` apart, for runs) and hsum_mem, and the weight-row loaders) and then
+// includes this file, so every instantiation lives in one translation unit compiled with that ISA's target
+// flags; everything here is a template on V, so nothing is shared across ISAs (no ODR clash).
 //
 // Numerics, and why the determinism contract holds: y[m, n] is accumulated in one vector register whose
 // lane j sums x[m, k] * W[n, k] for k = j (mod kLanes), k ascending, fp32 FMA; the last partial vector is
