@@ -173,6 +173,11 @@ TEST_P(KernelIsa, LongRowsAtDecodeShapes) {
   // 3-8 tokens on rows of 4 KiB (a gate or up projection): wide_rows, and long_rows (4 rows, one pass)
   // for 5-6 on the exact path.
   for (int64_t M : {3, 4, 5, 6, 7}) check_against_reference(isa(), DType::kBF16, M, 9, 2048, 1, 9);
+  // 9-16 tokens: AVX-512's narrow panels (256 columns; here three and a tail), one full 8-row block and a rest.
+  for (int64_t M : {9, 10, 16}) {
+    check_against_reference(isa(), DType::kBF16, M, 13, 600, 0, 13);
+    check_against_reference(isa(), DType::kF32, M, 13, 600, 2, 13);
+  }
 }
 
 // The determinism contract: each row's bits are the same alone, in any batch, in any row range. (A single

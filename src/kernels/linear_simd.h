@@ -226,6 +226,9 @@ inline constexpr int64_t kRowLeadBytes = 1536;  // per row, 4 tokens (see wide_r
 inline constexpr int64_t kShortRowLeadBytes = 16 << 10;  // 7-8 tokens on short rows (see short_rows)
 inline constexpr int64_t kLongRowLeadBytes = 2048;  // per row, fp8 at 5-8 tokens on long rows (long_rows)
 inline constexpr int64_t kPanelCols = 512;  // a multiple of kScaleBlock
+// Narrow panels: AVX-512's 8-row panels of bf16 and f32 rows at up to kNarrowPanelTokens tokens (linear_rows).
+inline constexpr int64_t kNarrowPanelCols = 256;
+inline constexpr int64_t kNarrowPanelTokens = 16;
 
 // Tokens x[0 .. T) against panel columns [c0, c1) of R converted rows; the accumulators live in acc_mem
 // ([T][R][kLanes]) between panels, stored and reloaded unchanged, so the per-lane sequence is the same as
@@ -238,8 +241,8 @@ inline constexpr int64_t kPanelCols = 512;  // a multiple of kScaleBlock
 // and the waits for the weights run under this block's FMAs instead of in a pass of their own (Zen 5,
 // bf16 512x2048 and 2048x512 at 10-16 tokens: AVX-512 3-13% faster, AVX2 9-13%; Qwen3-Next prefill of
 // 512 tokens on the AVX2 kernels 277 -> 242 ms, on AVX-512 unchanged).
-template <class V, int R, int T, class Cursor = void>
-void micro_panel(const float* x, int64_t ldx, float (*panel)[kPanelCols], int64_t c0, int64_t c1,
+template <class V, int R, int T, int64_t C, class Cursor = void>
+void micro_panel(const float* x, int64_t ldx, float (*panel)[C], int64_t c0, int64_t c1,
                  float* acc_mem, const char* pf = nullptr, const char* pf_end = nullptr,
                  Cursor* fill = nullptr) {
   using Reg = typename V::Reg;
@@ -316,15 +319,15 @@ void micro_panel(const float* x, int64_t ldx, float (*panel)[kPanelCols], int64_
 }
 
 // One row block against 4 < M <= kMaxMacroTokens tokens: the rows are converted to fp32 once per panel of
-// kPanelCols columns (a stack buffer; by the first micro-block as it uses them, or for fp8 on AVX-512 in
+// C columns (a stack buffer; by the first micro-block as it uses them, or for fp8 on AVX-512 in
 // a pass before it) and every later micro-block reuses it, so the dtype conversion is paid once per row
 // rather than once per micro-block, and the FMAs read L1.
-template <class V, DType D, int R>
+template <class V, DType D, int R, int64_t C = kPanelCols>
 void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y,
                      int64_t ldy) {
   constexpr int L = V::kLanes;
   constexpr int64_t kColBytes = R * static_cast<int64_t>(dtype_size(D));
-  alignas(64) float panel[R][kPanelCols];
+  alignas(64) float panel[R][C];
   alignas(64) float acc_mem[kMaxMacroTokens * R * L];
   const int64_t K = w.cols;
   const char* next = static_cast<const char*>(w.data) + (n + R) * K * static_cast<int64_t>(dtype_size(D));
@@ -332,8 +335,8 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
   RowCursor<V, D> rows[R];
   for (int r = 0; r < R; ++r) rows[r].set(w, n + r);
   for (int64_t i = 0; i < M * R * L; ++i) acc_mem[i] = 0.0f;
-  for (int64_t c0 = 0; c0 < K; c0 += kPanelCols) {
-    const int64_t c1 = std::min(K, c0 + kPanelCols);
+  for (int64_t c0 = 0; c0 < K; c0 += C) {
+    const int64_t c1 = std::min(K, c0 + C);
     const char* pf = std::min(next + c0 * kColBytes, end);
     const char* pf_end = std::min(next + c1 * kColBytes, end);
     // bf16 and f32 rows (and fp8 ones where V::kFp8FillPanels) are converted by the first micro-block as
@@ -362,17 +365,17 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
     const int64_t share = ((pf_end - pf) / 64 + blocks - 1) / blocks * 64;
     // M > 4 >= kT: the first micro-block is always a whole one.
     const char* pf_to = std::min(pf + share, pf_end);
-    if constexpr (kFill) micro_panel<V, R, kT>(x, ldx, panel, c0, c1, acc_mem, pf, pf_to, rows);
-    else micro_panel<V, R, kT>(x, ldx, panel, c0, c1, acc_mem, pf, pf_to);
+    if constexpr (kFill) micro_panel<V, R, kT, C>(x, ldx, panel, c0, c1, acc_mem, pf, pf_to, rows);
+    else micro_panel<V, R, kT, C>(x, ldx, panel, c0, c1, acc_mem, pf, pf_to);
     int64_t t = kT;
     for (pf = pf_to; t + kT <= M; t += kT, pf = pf_to) {
       pf_to = std::min(pf + share, pf_end);
-      micro_panel<V, R, kT>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, pf_to);
+      micro_panel<V, R, kT, C>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, pf_to);
     }
     switch (M - t) {
-      case 3: micro_panel<V, R, 3>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, pf_end); break;
-      case 2: micro_panel<V, R, 2>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, pf_end); break;
-      case 1: micro_panel<V, R, 1>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, pf_end); break;
+      case 3: micro_panel<V, R, 3, C>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, pf_end); break;
+      case 2: micro_panel<V, R, 2, C>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, pf_end); break;
+      case 1: micro_panel<V, R, 1, C>(x + t * ldx, ldx, panel, c0, c1, acc_mem + t * R * L, pf, pf_end); break;
       default: break;
     }
   }
@@ -489,6 +492,14 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
     // Wide panels (8 rows x 3 tokens, FMAs on L1-resident panel rows) halve the x traffic per FMA. With
     // the next row block streamed under all micro-blocks they are the faster choice from 9 tokens on, and
     // for fp8 on rows of at most 1 KiB from 5 (Qwen3-Next prefill of 512 tokens: 144-149 -> 134-136 ms).
+    // At up to 16 tokens bf16 and f32 take panels of 256 columns (8 KiB): a 512-column panel (16 KiB)
+    // with the tokens' x under it (2 KiB each), the rows it is filled from and the next block streamed in
+    // comes near a 48 KiB L1. Zen 5: one thread in L3, 512x2048 at 9-12 tokens 1-16% faster in each pair,
+    // 2048x512 within 5%; Qwen3-Next prefill of 512 tokens (about 10 per expert) faster in 5 of 7 pairs.
+    // At 32 tokens, and for fp8 (its decoding pass) at any count, they measured slower.
+    if (mc > 4 && V::kPanelRows > 4 && D != DType::kF8E4M3 && mc <= kNarrowPanelTokens)
+      for (; n + V::kPanelRows <= n1; n += V::kPanelRows)
+        row_block_panel<V, D, V::kPanelRows, kNarrowPanelCols>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     if (mc > 4 && V::kPanelRows > 4)
       for (; n + V::kPanelRows <= n1; n += V::kPanelRows)
         row_block_panel<V, D, V::kPanelRows>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
