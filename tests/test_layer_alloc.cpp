@@ -9,6 +9,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "layer/moe_layer.h"
@@ -30,7 +31,9 @@
 
 namespace {
 std::atomic<long> g_allocs{0};
-}
+std::atomic<long> g_off_main_allocs{0};  // on any thread but the one that runs the tests (the workers)
+const std::thread::id g_main_thread = std::this_thread::get_id();
+}  // namespace
 
 #if MOE_COUNT_ALLOCS
 // GCC pairs the inlined std::allocator calls with malloc/free through these and warns of a mismatch that
@@ -40,6 +43,7 @@ std::atomic<long> g_allocs{0};
 #endif
 void* operator new(size_t n) {
   g_allocs.fetch_add(1, std::memory_order_relaxed);
+  if (std::this_thread::get_id() != g_main_thread) g_off_main_allocs.fetch_add(1, std::memory_order_relaxed);
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
@@ -92,6 +96,32 @@ TEST(LayerAlloc, WarmEagerForwardsAndReplaysAllocateNothing) {
                 0)
           << at << ": replays allocated";
     }
+  }
+}
+
+// A traced forward records each op on the host when it is enqueued; the worker that retires the op only
+// moves the record into room reserved when tracing was switched on. Growing the trace there put 15-25 us
+// gaps into traced forwards after the ops where the vector doubled.
+TEST(LayerAlloc, TracedForwardsAllocateNothingOnTheWorkers) {
+  if (!MOE_COUNT_ALLOCS) GTEST_SKIP() << "a sanitizer owns operator new here";
+  auto dev = rt::make_cpu_device({.num_workers = 2});
+  const TinyConfig tc = tiny_configs()[0];  // a copy: tiny_configs() returns by value
+  const MoeConfig& c = tc.config;
+  const LayerWeights w = make_random_weights(c, {.seed = 63});
+  MoeLayer layer(c, w, *dev, {.max_tokens = 16, .policy = OverlapPolicy::always()});
+  const auto x = random_input(16 * c.hidden, 64);
+  std::vector<float> y(x.size());
+  for (Schedule s : kRunnableSchedules) {
+    for (int i = 0; i < 8; ++i) layer.forward(x.data(), 9, y.data(), {.schedule = s});
+    dev->synchronize();
+    dev->set_tracing(true);
+    const long before = g_off_main_allocs.load();
+    for (int i = 0; i < 3; ++i) layer.forward(x.data(), 9, y.data(), {.schedule = s});
+    dev->synchronize();
+    const long on_workers = g_off_main_allocs.load() - before;
+    dev->set_tracing(false);
+    EXPECT_GE(dev->take_trace().ops.size(), 3u * 5u) << schedule_name(s);
+    EXPECT_EQ(on_workers, 0) << schedule_name(s) << ": traced forwards allocated on the workers";
   }
 }
 

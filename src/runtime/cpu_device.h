@@ -185,6 +185,8 @@ class CpuCore : public DeviceCore {
   void graph_node_ready(CpuStream& s, CpuEntry& e, int node);
   void graph_start_poll(CpuEntry& e, int node);
   void finish_graph_if_done(CpuStream& s, CpuEntry& e);
+  void reserve_trace();  // under mu_
+  static constexpr size_t kTraceReserve = 256;  // op and edge records: a forward has a few dozen at most
   void complete_head(CpuStream& s);
   void pop_head(CpuStream& s);
   bool advance(CpuStream& s);
