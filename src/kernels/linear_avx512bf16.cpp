@@ -30,7 +30,7 @@ constexpr int64_t kXBufElems = 128 * 1024;  // bf16 x of one macro-block: 256 Ki
 constexpr int64_t kPanelCols = 512;   // fp8 columns decoded to bf16 at a time (a multiple of kScaleBlock)
 constexpr int64_t kPrefetchLead = 8192;  // bytes: see Prefetch
 constexpr int kMaxPassTokens = 6;     // 4 rows x 6 tokens: 24 accumulators + 6 x + 1 weight of 32 zmm
-constexpr int kPairTokens = 8;        // 2 rows x 8 tokens: 16 accumulators + 8 x + 1 weight
+constexpr int kRunTokens = 8;         // bf16 runs (bf16_runs) up to 8 tokens, in passes of at most 6
 constexpr int64_t kXRowPad = 32;      // bf16 elements between x rows: see convert_x
 
 __mmask32 mask32(int64_t n) { return n >= 32 ? ~__mmask32{0} : (__mmask32{1} << n) - 1u; }
@@ -153,9 +153,9 @@ struct Prefetch {
 // acc[r][t] over columns [0, K) of rows S (R of them) against T bf16 x rows (zero past K, up to a whole
 // step). The accumulators come from and go back to acc_mem ([T][R][16]) when it is given, else start at
 // zero and end as y[t * ldy + r].
-template <int R, int T, class S, bool kPerStep>
-void micro(const uint16_t* xb, int64_t ldxb, const S& w, int64_t K, const Prefetch& pf, float* acc_mem, float* y,
-           int64_t ldy) {
+template <int R, int T, class S, bool kPerStep, class P = Prefetch>
+void micro(const uint16_t* xb, int64_t ldxb, const S& w, int64_t K, const P& pf, float* acc_mem, float* y,
+           int64_t ldy, int64_t y_row_step = 1) {
   __m512 acc[R][T];
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t)
@@ -193,7 +193,7 @@ void micro(const uint16_t* xb, int64_t ldxb, const S& w, int64_t K, const Prefet
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       if (acc_mem) _mm512_store_ps(acc_mem + (t * R + r) * 16, acc[r][t]);
-      else y[t * ldy + r] = hsum16(acc[r][t]);
+      else y[t * ldy + r * y_row_step] = hsum16(acc[r][t]);
     }
 }
 
@@ -248,6 +248,54 @@ void fp8_panels(const uint16_t* xb, int64_t ldxb, int64_t mc, const Fp8Rows& w, 
     for (int r = 0; r < R; ++r) y[t * ldy + r] = hsum16(_mm512_load_ps(acc_mem + (t * R + r) * 16));
 }
 
+// The prefetch of R runs of rows (bf16_runs): each run's stream kRunLeadBytes ahead of its reads.
+template <int R>
+struct RunPrefetch {
+  const char* ahead[R];  // run r's read position plus the lead, at column 0
+  const char* end;
+  int64_t es;  // bytes per element
+  __attribute__((always_inline)) void columns(int64_t c0, int64_t c1) const {
+    for (int64_t c = c0 * es; c < c1 * es; c += 64)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+        if (ahead[r] + c < end) _mm_prefetch(ahead[r] + c, _MM_HINT_T0);
+  }
+};
+constexpr int64_t kRunLeadBytes = 2048;
+
+// bf16 rows [n, n1) as 4 runs of consecutive rows against up to kRunTokens tokens (passes of up to 6, the
+// later ones re-reading the 4 rows from L1), as the exact path's run_kernel does: each run is read front
+// to back as one long stream, prefetched kRunLeadBytes ahead, on into its next row, where adjacent rows end
+// their streams every few rows and the hardware prefetchers start over. Returns the first row left over
+// (fewer than 4).
+int64_t bf16_runs(const uint16_t* xb, int64_t ldxb, int64_t mc, const WeightView& w, int64_t n, int64_t n1,
+                  float* y, int64_t ldy) {
+  constexpr int R = 4;
+  const int64_t K = w.cols, run = (n1 - n) / R;
+  const auto* base = static_cast<const uint16_t*>(w.data);
+  const char* end = reinterpret_cast<const char*>(base + w.rows * K);
+  for (int64_t i = 0; i < run; ++i) {
+    const Bf16Rows rows{base + (n + i) * K, run * K};
+    RunPrefetch<R> pf{{}, end, 2};
+    for (int r = 0; r < R; ++r) pf.ahead[r] = reinterpret_cast<const char*>(base + (n + i + r * run) * K) + kRunLeadBytes;
+    for (int64_t t = 0; t < mc;) {
+      const int64_t T = mc - t > 6 ? 4 : mc - t;
+      const uint16_t* xt = xb + t * ldxb;
+      float* yt = y + n + i + t * ldy;
+      switch (T) {
+        case 1: micro<R, 1, Bf16Rows, true>(xt, ldxb, rows, K, pf, nullptr, yt, ldy, run); break;
+        case 2: micro<R, 2, Bf16Rows, true>(xt, ldxb, rows, K, pf, nullptr, yt, ldy, run); break;
+        case 3: micro<R, 3, Bf16Rows, true>(xt, ldxb, rows, K, pf, nullptr, yt, ldy, run); break;
+        case 4: micro<R, 4, Bf16Rows, true>(xt, ldxb, rows, K, pf, nullptr, yt, ldy, run); break;
+        case 5: micro<R, 5, Bf16Rows, true>(xt, ldxb, rows, K, pf, nullptr, yt, ldy, run); break;
+        default: micro<R, 6, Bf16Rows, true>(xt, ldxb, rows, K, pf, nullptr, yt, ldy, run); break;
+      }
+      t += T;
+    }
+  }
+  return n + R * run;
+}
+
 // The stream for rows [n, n + R) of w: the row block at least `lead` bytes ahead.
 Prefetch ahead_of(const WeightView& w, int64_t n, int R, int64_t es, int64_t lead) {
   const int64_t block = std::max<int64_t>(R * w.cols * es, 1);
@@ -256,13 +304,12 @@ Prefetch ahead_of(const WeightView& w, int64_t n, int R, int64_t es, int64_t lea
   return {base + (n + ahead * R) * w.cols * es, base + w.rows * w.cols * es, R * es};
 }
 
-// bf16 rows [n, n + R) against tokens [0, mc) of xb in passes of up to kMaxT, the rows `lead` bytes ahead
-// streamed in a step's share at a time.
+// bf16 rows [n, n + R) against tokens [0, mc) of xb in passes of up to kMaxT, the row block kPrefetchLead
+// bytes ahead streamed in a step's share at a time.
 template <int R, int kMaxT>
-void bf16_block(const uint16_t* xb, int64_t ldxb, int64_t mc, const WeightView& w, int64_t n, float* y, int64_t ldy,
-                int64_t lead = kPrefetchLead) {
+void bf16_block(const uint16_t* xb, int64_t ldxb, int64_t mc, const WeightView& w, int64_t n, float* y, int64_t ldy) {
   const Bf16Rows rows{static_cast<const uint16_t*>(w.data) + n * w.cols, w.cols};
-  passes<R, kMaxT, true>(xb, ldxb, mc, rows, w.cols, ahead_of(w, n, R, 2, lead), nullptr, y, ldy);
+  passes<R, kMaxT, true>(xb, ldxb, mc, rows, w.cols, ahead_of(w, n, R, 2, kPrefetchLead), nullptr, y, ldy);
 }
 
 // fp8 rows [n, n + R): up to 4 tokens (a single pass) decoded as read, more decoded once into panels.
@@ -297,28 +344,23 @@ void linear_avx512bf16(const float* x, int64_t M, int64_t ldx, const WeightView&
       convert_x(x + m0 * ldx, mc, ldx, K, scales, xb, kpad, ldxb);
       float* ym = y + m0 * ldy - n0;
       int64_t n = s0;
-      // bf16 rows of 1 KiB or more, up to 8 tokens: memory-bound, since vdpbf16ps does the arithmetic in
-      // half the streaming time. 2 rows at a time, all tokens in one pass, the rows 8 KiB (16 KiB from 3
-      // tokens on) ahead streamed in: fewer, longer row streams keep the hardware prefetchers locked on (2
-      // tokens with 8 KiB instead of 16: 512x2048 57.9 -> 56.3 us, 2048x512 56.1 -> 53.6; 8 KiB from 3
-      // tokens on made 512x2048 10-20% slower at 5-6). One thread, from DRAM, us per matrix at 1 / 3 / 4 /
-      // 6 / 8 tokens, 512x2048 (2048x512), against 2 rows to 2 tokens and 4 rows x 6 tokens above that: 55 /
-      // 59 / 62 / 64 / 74-83 (54 / 56 / 56 / 59 / 60) against 61-62 / 76 / 76-78 / 81-88 / 94-103 (65 / 74
-      // / 71 / 73 / 70).
-      // Otherwise 8 rows for 1-2 tokens, 4 rows x up to 6 tokens per pass, single rows at the end.
+      // fp8: 8 rows for 1-2 tokens, 4 rows x up to 6 tokens per pass, single rows at the end.
+      // bf16, up to 8 tokens: 4 runs of consecutive rows, each read as one stream (bf16_runs), then the
+      // rows left over one at a time. Against the adjacent 2-row blocks it replaced (each 8-16 KiB ahead),
+      // Zen 5, from DRAM, us per matrix, 512x2048 (2048x512): one thread at 1 / 2 tokens 104-112 / 111-115
+      // (103-104 / 88-94) -> 65-67 / 60-69 (65-71 / 61-67), two threads 56-58 / 56-57 (52-53 / 47-48) ->
+      // 34-35 / 32-34 (36 / 33-37), 0.5-0.6 of the read bandwidth -> 0.8-0.96; at 3-8 tokens 1.1-1.6x faster.
+      // From 10 tokens runs measured mixed (2048x512 slower at 16-32), and 4 adjacent rows x up to 6
+      // tokens per pass stay.
       if (fp8) {
         if (mc <= 2)
           for (; n + 8 <= s1; n += 8) fp8_block<8, 2>(xb, ldxb, mc, w, n, dec, ym + n, ldy);
         for (; n + 4 <= s1; n += 4) fp8_block<4, kMaxPassTokens>(xb, ldxb, mc, w, n, dec, ym + n, ldy);
         for (; n < s1; ++n) fp8_block<1, kMaxPassTokens>(xb, ldxb, mc, w, n, dec, ym + n, ldy);
       } else {
-        if (mc <= kPairTokens && K * 2 >= 1024)
-          for (; n + 2 <= s1; n += 2)
-            bf16_block<2, kPairTokens>(xb, ldxb, mc, w, n, ym + n, ldy, (mc <= 2 ? 1 : 2) * kPrefetchLead);
-        if (mc <= 2)
-          for (; n + 8 <= s1; n += 8) bf16_block<8, 2>(xb, ldxb, mc, w, n, ym + n, ldy);
+        if (mc <= kRunTokens) n = bf16_runs(xb, ldxb, mc, w, n, s1, ym, ldy);
         for (; n + 4 <= s1; n += 4) bf16_block<4, kMaxPassTokens>(xb, ldxb, mc, w, n, ym + n, ldy);
-        for (; n < s1; ++n) bf16_block<1, kPairTokens>(xb, ldxb, mc, w, n, ym + n, ldy);
+        for (; n < s1; ++n) bf16_block<1, kRunTokens>(xb, ldxb, mc, w, n, ym + n, ldy);
       }
       s0 = s1;
     }
