@@ -30,7 +30,7 @@ constexpr int64_t kXBufElems = 128 * 1024;  // bf16 x of one macro-block: 256 Ki
 constexpr int64_t kPanelCols = 512;   // fp8 columns decoded to bf16 at a time (a multiple of kScaleBlock)
 constexpr int64_t kPrefetchLead = 8192;  // bytes: see Prefetch
 constexpr int kMaxPassTokens = 6;     // 4 rows x 6 tokens: 24 accumulators + 6 x + 1 weight of 32 zmm
-constexpr int kRunTokens = 8;         // bf16 runs (bf16_runs) up to 8 tokens, in passes of at most 6
+constexpr int kRunTokens = 8;         // bf16 runs (row_runs) up to 8 tokens, in passes of at most 6
 constexpr int64_t kXRowPad = 32;      // bf16 elements between x rows: see convert_x
 
 __mmask32 mask32(int64_t n) { return n >= 32 ? ~__mmask32{0} : (__mmask32{1} << n) - 1u; }
@@ -248,7 +248,7 @@ void fp8_panels(const uint16_t* xb, int64_t ldxb, int64_t mc, const Fp8Rows& w, 
     for (int r = 0; r < R; ++r) y[t * ldy + r] = hsum16(_mm512_load_ps(acc_mem + (t * R + r) * 16));
 }
 
-// The prefetch of R runs of rows (bf16_runs): each run's stream kRunLeadBytes ahead of its reads.
+// The prefetch of R runs of rows (row_runs): each run's stream kRunLeadBytes ahead of its reads.
 template <int R>
 struct RunPrefetch {
   const char* ahead[R];  // run r's read position plus the lead, at column 0
@@ -263,32 +263,33 @@ struct RunPrefetch {
 };
 constexpr int64_t kRunLeadBytes = 2048;
 
-// bf16 rows [n, n1) as 4 runs of consecutive rows against up to kRunTokens tokens (passes of up to 6, the
-// later ones re-reading the 4 rows from L1), as the exact path's run_kernel does: each run is read front
-// to back as one long stream, prefetched kRunLeadBytes ahead, on into its next row, where adjacent rows end
-// their streams every few rows and the hardware prefetchers start over. Returns the first row left over
-// (fewer than 4).
-int64_t bf16_runs(const uint16_t* xb, int64_t ldxb, int64_t mc, const WeightView& w, int64_t n, int64_t n1,
-                  float* y, int64_t ldy) {
+// Rows [n, n1) as 4 runs of consecutive rows against up to kMaxT tokens (passes of up to 6, the later ones
+// re-reading the 4 rows from L1), as the exact path's run_kernel does: each run is read front to back as
+// one long stream, prefetched kRunLeadBytes ahead, on into its next row, where adjacent rows end their
+// streams every few rows and the hardware prefetchers start over. rows_at(row, ld) gives the rows S from
+// `row` on, ld elements apart. Returns the first row left over (fewer than 4).
+template <class S, int kMaxT, bool kPerStep, class RowsAt>
+int64_t row_runs(const uint16_t* xb, int64_t ldxb, int64_t mc, const WeightView& w, int64_t es, int64_t n, int64_t n1,
+                 float* y, int64_t ldy, const RowsAt& rows_at) {
   constexpr int R = 4;
   const int64_t K = w.cols, run = (n1 - n) / R;
-  const auto* base = static_cast<const uint16_t*>(w.data);
-  const char* end = reinterpret_cast<const char*>(base + w.rows * K);
+  const char* base = static_cast<const char*>(w.data);
+  const char* end = base + w.rows * K * es;
   for (int64_t i = 0; i < run; ++i) {
-    const Bf16Rows rows{base + (n + i) * K, run * K};
-    RunPrefetch<R> pf{{}, end, 2};
-    for (int r = 0; r < R; ++r) pf.ahead[r] = reinterpret_cast<const char*>(base + (n + i + r * run) * K) + kRunLeadBytes;
+    const S rows = rows_at(n + i, run * K);
+    RunPrefetch<R> pf{{}, end, es};
+    for (int r = 0; r < R; ++r) pf.ahead[r] = base + (n + i + r * run) * K * es + kRunLeadBytes;
     for (int64_t t = 0; t < mc;) {
       const int64_t T = mc - t > 6 ? 4 : mc - t;
       const uint16_t* xt = xb + t * ldxb;
       float* yt = y + n + i + t * ldy;
       switch (T) {
-        case 1: micro<R, 1, Bf16Rows, true>(xt, ldxb, rows, K, pf, nullptr, yt, ldy, run); break;
-        case 2: micro<R, 2, Bf16Rows, true>(xt, ldxb, rows, K, pf, nullptr, yt, ldy, run); break;
-        case 3: micro<R, 3, Bf16Rows, true>(xt, ldxb, rows, K, pf, nullptr, yt, ldy, run); break;
-        case 4: micro<R, 4, Bf16Rows, true>(xt, ldxb, rows, K, pf, nullptr, yt, ldy, run); break;
-        case 5: micro<R, 5, Bf16Rows, true>(xt, ldxb, rows, K, pf, nullptr, yt, ldy, run); break;
-        default: micro<R, 6, Bf16Rows, true>(xt, ldxb, rows, K, pf, nullptr, yt, ldy, run); break;
+        case 1: micro<R, 1, S, kPerStep>(xt, ldxb, rows, K, pf, nullptr, yt, ldy, run); break;
+        case 2: micro<R, 2, S, kPerStep>(xt, ldxb, rows, K, pf, nullptr, yt, ldy, run); break;
+        case 3: if constexpr (kMaxT >= 3) micro<R, 3, S, kPerStep>(xt, ldxb, rows, K, pf, nullptr, yt, ldy, run); break;
+        case 4: if constexpr (kMaxT >= 4) micro<R, 4, S, kPerStep>(xt, ldxb, rows, K, pf, nullptr, yt, ldy, run); break;
+        case 5: if constexpr (kMaxT >= 5) micro<R, 5, S, kPerStep>(xt, ldxb, rows, K, pf, nullptr, yt, ldy, run); break;
+        default: if constexpr (kMaxT >= 6) micro<R, 6, S, kPerStep>(xt, ldxb, rows, K, pf, nullptr, yt, ldy, run); break;
       }
       t += T;
     }
@@ -344,21 +345,31 @@ void linear_avx512bf16(const float* x, int64_t M, int64_t ldx, const WeightView&
       convert_x(x + m0 * ldx, mc, ldx, K, scales, xb, kpad, ldxb);
       float* ym = y + m0 * ldy - n0;
       int64_t n = s0;
-      // fp8: 8 rows for 1-2 tokens, 4 rows x up to 6 tokens per pass, single rows at the end.
-      // bf16, up to 8 tokens: 4 runs of consecutive rows, each read as one stream (bf16_runs), then the
-      // rows left over one at a time. Against the adjacent 2-row blocks it replaced (each 8-16 KiB ahead),
-      // Zen 5, from DRAM, us per matrix, 512x2048 (2048x512): one thread at 1 / 2 tokens 104-112 / 111-115
-      // (103-104 / 88-94) -> 65-67 / 60-69 (65-71 / 61-67), two threads 56-58 / 56-57 (52-53 / 47-48) ->
-      // 34-35 / 32-34 (36 / 33-37), 0.5-0.6 of the read bandwidth -> 0.8-0.96; at 3-8 tokens 1.1-1.6x faster.
-      // From 10 tokens runs measured mixed (2048x512 slower at 16-32), and 4 adjacent rows x up to 6
-      // tokens per pass stay.
+      // Up to 8 bf16 tokens or 4 fp8 ones (a single pass, decoded as read): 4 runs of consecutive rows,
+      // each read as one stream (row_runs; fp8 runs lie within the 128-row block whose scales x carries),
+      // then the rows left over one at a time. Against the adjacent blocks they replaced (2 rows, each pair
+      // 8-16 KiB ahead, for bf16; 8 rows at 1-2 tokens and 4 beyond for fp8), Zen 5, from DRAM, us per
+      // matrix, two threads: bf16 512x2048 (2048x512) at 1 / 2 tokens 56-58 / 56-57 (52-53 / 47-48) ->
+      // 34-35 / 32-34 (36 / 33-37), 0.5-0.6 of the read bandwidth -> 0.8-0.96, and 3-8 tokens 1.1-1.6x
+      // faster; fp8 2048x7168 at 1 / 2 / 3 / 4 tokens 301-321 / 346-352 / 397-404 / 445-463 -> 246-269 /
+      // 299-322 / 362-378 / 387-422. From 10 bf16 tokens runs measured mixed (2048x512 slower at 16-32);
+      // there, and for fp8 from 5 tokens, 4 adjacent rows x up to 6 tokens per pass stay.
       if (fp8) {
-        if (mc <= 2)
-          for (; n + 8 <= s1; n += 8) fp8_block<8, 2>(xb, ldxb, mc, w, n, dec, ym + n, ldy);
+        if (mc <= 4) {
+          const auto* base = static_cast<const uint8_t*>(w.data);
+          n = row_runs<Fp8Rows, 4, false>(xb, ldxb, mc, w, 1, n, s1, ym, ldy, [&](int64_t row, int64_t ld) {
+            return Fp8Rows{base + row * w.cols, ld, &dec};
+          });
+        }
         for (; n + 4 <= s1; n += 4) fp8_block<4, kMaxPassTokens>(xb, ldxb, mc, w, n, dec, ym + n, ldy);
         for (; n < s1; ++n) fp8_block<1, kMaxPassTokens>(xb, ldxb, mc, w, n, dec, ym + n, ldy);
       } else {
-        if (mc <= kRunTokens) n = bf16_runs(xb, ldxb, mc, w, n, s1, ym, ldy);
+        if (mc <= kRunTokens) {
+          const auto* base = static_cast<const uint16_t*>(w.data);
+          n = row_runs<Bf16Rows, kRunTokens, true>(xb, ldxb, mc, w, 2, n, s1, ym, ldy, [&](int64_t row, int64_t ld) {
+            return Bf16Rows{base + row * w.cols, ld};
+          });
+        }
         for (; n + 4 <= s1; n += 4) bf16_block<4, kMaxPassTokens>(xb, ldxb, mc, w, n, ym + n, ldy);
         for (; n < s1; ++n) bf16_block<1, kRunTokens>(xb, ldxb, mc, w, n, ym + n, ldy);
       }
