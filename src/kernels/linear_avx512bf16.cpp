@@ -269,10 +269,10 @@ constexpr int64_t kRunLeadBytes = 2048;
 // streams every few rows and the hardware prefetchers start over. rows_at(row, ld) gives the rows S from
 // `row` on, ld elements apart. Returns the first row left over (fewer than 4).
 template <class S, int kMaxT, bool kPerStep, class RowsAt>
-int64_t row_runs(const uint16_t* xb, int64_t ldxb, int64_t mc, const WeightView& w, int64_t es, int64_t n, int64_t n1,
-                 float* y, int64_t ldy, const RowsAt& rows_at) {
+int64_t row_runs(const uint16_t* xb, int64_t ldxb, int64_t mc, const WeightView& w, int64_t n, int64_t n1, float* y,
+                 int64_t ldy, const RowsAt& rows_at) {
   constexpr int R = 4;
-  const int64_t K = w.cols, run = (n1 - n) / R;
+  const int64_t K = w.cols, run = (n1 - n) / R, es = static_cast<int64_t>(dtype_size(w.dtype));
   const char* base = static_cast<const char*>(w.data);
   const char* end = base + w.rows * K * es;
   for (int64_t i = 0; i < run; ++i) {
@@ -357,7 +357,7 @@ void linear_avx512bf16(const float* x, int64_t M, int64_t ldx, const WeightView&
       if (fp8) {
         if (mc <= 4) {
           const auto* base = static_cast<const uint8_t*>(w.data);
-          n = row_runs<Fp8Rows, 4, false>(xb, ldxb, mc, w, 1, n, s1, ym, ldy, [&](int64_t row, int64_t ld) {
+          n = row_runs<Fp8Rows, 4, false>(xb, ldxb, mc, w, n, s1, ym, ldy, [&](int64_t row, int64_t ld) {
             return Fp8Rows{base + row * w.cols, ld, &dec};
           });
         }
@@ -366,7 +366,7 @@ void linear_avx512bf16(const float* x, int64_t M, int64_t ldx, const WeightView&
       } else {
         if (mc <= kRunTokens) {
           const auto* base = static_cast<const uint16_t*>(w.data);
-          n = row_runs<Bf16Rows, kRunTokens, true>(xb, ldxb, mc, w, 2, n, s1, ym, ldy, [&](int64_t row, int64_t ld) {
+          n = row_runs<Bf16Rows, kRunTokens, true>(xb, ldxb, mc, w, n, s1, ym, ldy, [&](int64_t row, int64_t ld) {
             return Bf16Rows{base + row * w.cols, ld};
           });
         }

@@ -497,12 +497,13 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
     // comes near a 48 KiB L1. Zen 5: one thread in L3, 512x2048 at 9-12 tokens 1-16% faster in each pair,
     // 2048x512 within 5%; Qwen3-Next prefill of 512 tokens (about 10 per expert) faster in 5 of 7 pairs.
     // At 32 tokens, and for fp8 (its decoding pass) at any count, they measured slower.
-    if (mc > 4 && V::kPanelRows > 4 && D != DType::kF8E4M3 && mc <= kNarrowPanelTokens)
-      for (; n + V::kPanelRows <= n1; n += V::kPanelRows)
-        row_block_panel<V, D, V::kPanelRows, kNarrowPanelCols>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
-    if (mc > 4 && V::kPanelRows > 4)
-      for (; n + V::kPanelRows <= n1; n += V::kPanelRows)
-        row_block_panel<V, D, V::kPanelRows>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
+    if (mc > 4 && V::kPanelRows > 4) {
+      const bool narrow = D != DType::kF8E4M3 && mc <= kNarrowPanelTokens;
+      for (; n + V::kPanelRows <= n1; n += V::kPanelRows) {
+        if (narrow) row_block_panel<V, D, V::kPanelRows, kNarrowPanelCols>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
+        else row_block_panel<V, D, V::kPanelRows>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
+      }
+    }
     for (; n + 4 <= n1; n += 4) row_block<V, D, 4>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     for (; n < n1; ++n) row_block<V, D, 1>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
   }
