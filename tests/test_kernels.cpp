@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "kernels/dtype.h"
@@ -219,6 +220,35 @@ TEST_P(KernelIsa, RowBitsIndependentOfBatchAndRange) {
       }
     }
   }
+}
+
+// The same contract where the test above does not reach: row ranges that start or end inside a 128-row
+// fp8 scale block and cross into the next (the bf16-dot path cuts its runs at those blocks), and rows of
+// 2048 columns, whose converted x rows the bf16-dot path spaces apart (4 KiB rows would share L1 sets).
+TEST_P(KernelIsa, RowBitsIndependentOfRangeAcrossScaleBlocksAndLongRows) {
+  constexpr int64_t M = 8;
+  for (auto [dt, N, K] : {std::tuple{DType::kF8E4M3, int64_t{300}, int64_t{391}},
+                          {DType::kF8E4M3, int64_t{260}, int64_t{2048}}, {DType::kBF16, int64_t{40}, int64_t{2048}}}) {
+    SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " N=" << N << " K=" << K);
+    const TestWeight w = make_weight(dt, N, K, 17);
+    const std::vector<float> x = make_x(M, K, 5);
+    std::vector<float> full(M * N);
+    linear(isa(), x.data(), M, K, w.view, 0, N, full.data(), N);
+    for (int64_t cnt : {1, 2, 3, 4, 5, 8}) {
+      for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, N}, {130, 261}, {127, 129}, {1, 38}, {250, 260}}) {
+        n1 = std::min(n1, N);
+        if (n0 >= n1) continue;
+        std::vector<float> part(cnt * N, 0.0f);
+        linear(isa(), x.data() + (M - cnt) * K, cnt, K, w.view, n0, n1, part.data(), N);
+        for (int64_t m = 0; m < cnt; ++m)
+          ASSERT_EQ(0, std::memcmp(part.data() + m * N + n0, full.data() + (M - cnt + m) * N + n0,
+                                   (n1 - n0) * sizeof(float)))
+              << "cnt=" << cnt << " range=[" << n0 << "," << n1 << ")";
+      }
+    }
+  }
+  check_against_reference(isa(), DType::kF8E4M3, 2, 260, 2048, 120, 260);
+  check_against_reference(isa(), DType::kBF16, 8, 10, 2048, 0, 10);
 }
 
 TEST_P(KernelIsa, GateUpSiluEqualsUnfusedBitwise) {

@@ -27,6 +27,8 @@ std::string_view isa_name(Isa isa);
 std::optional<Isa> parse_isa(std::string_view name);
 // Whether `isa` runs matrices of `weights` on bf16 dot products with x rounded to bf16 (avx512bf16 on bf16,
 // fp8 and int4 weights): their error bound is ~2^-9 per product, and their arithmetic peak the bf16-dot one.
+// (bf16 and fp8 rows longer than 131040 columns, which no published layer has, take the exact fp32 kernel
+// even then: x in bf16 no longer fits the kernel's stack buffer. The bits still depend on the row alone.)
 bool rounds_x_to_bf16(Isa isa, DType weights);
 // Whether `isa` runs matrices of `weights` on int8 dot products with x quantized to int8 (avx2int8 on int4
 // weights): symmetric, one fp32 scale per 32 columns of each token, error <= 2^-8 of the block's max |x|.
