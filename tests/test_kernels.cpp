@@ -181,6 +181,17 @@ TEST_P(KernelIsa, LongRowsAtDecodeShapes) {
   }
 }
 
+// Tokens [m0, m0 + cnt) of x (rows K apart) against rows [n0, n1) of w, in one call, give bit for bit
+// those entries of `full`, the call on every token and row (N columns per token).
+void expect_part_is_full(Isa isa, const std::vector<float>& x, int64_t K, const WeightView& w,
+                         const std::vector<float>& full, int64_t N, int64_t m0, int64_t cnt, int64_t n0, int64_t n1) {
+  std::vector<float> part(cnt * N, 0.0f);
+  linear(isa, x.data() + m0 * K, cnt, K, w, n0, n1, part.data(), N);
+  for (int64_t m = 0; m < cnt; ++m)
+    ASSERT_EQ(0, std::memcmp(part.data() + m * N + n0, full.data() + (m0 + m) * N + n0, (n1 - n0) * sizeof(float)))
+        << "m0=" << m0 << " cnt=" << cnt << " range=[" << n0 << "," << n1 << ")";
+}
+
 // The determinism contract: each row's bits are the same alone, in any batch, in any row range. (A single
 // row of a single token is reduced on its own, a batch several accumulators per register on AVX-512, so
 // this also pins the packed reduction to the plain one.)
@@ -209,14 +220,8 @@ TEST_P(KernelIsa, RowBitsIndependentOfBatchAndRange) {
     for (int64_t m0 : {0, 3, 10}) {
       for (int64_t cnt : {1, 2, 3, 4, 5, 6, 7, 8, 13, 27}) {  // every blocking case (1, 4, > 4, panels)
         if (m0 + cnt > M) continue;
-        for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, N}, {1, 9}, {5, 22}, {8, 12}}) {
-          std::vector<float> part(cnt * N, 0.0f);
-          linear(isa(), x.data() + m0 * K, cnt, K, w.view, n0, n1, part.data(), N);
-          for (int64_t m = 0; m < cnt; ++m)
-            ASSERT_EQ(0, std::memcmp(part.data() + m * N + n0, full.data() + (m0 + m) * N + n0,
-                                     (n1 - n0) * sizeof(float)))
-                << "m0=" << m0 << " cnt=" << cnt << " range=[" << n0 << "," << n1 << ")";
-        }
+        for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, N}, {1, 9}, {5, 22}, {8, 12}})
+          ASSERT_NO_FATAL_FAILURE(expect_part_is_full(isa(), x, K, w.view, full, N, m0, cnt, n0, n1));
       }
     }
   }
@@ -238,12 +243,7 @@ TEST_P(KernelIsa, RowBitsIndependentOfRangeAcrossScaleBlocksAndLongRows) {
       for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, N}, {130, 261}, {127, 129}, {1, 38}, {250, 260}}) {
         n1 = std::min(n1, N);
         if (n0 >= n1) continue;
-        std::vector<float> part(cnt * N, 0.0f);
-        linear(isa(), x.data() + (M - cnt) * K, cnt, K, w.view, n0, n1, part.data(), N);
-        for (int64_t m = 0; m < cnt; ++m)
-          ASSERT_EQ(0, std::memcmp(part.data() + m * N + n0, full.data() + (M - cnt + m) * N + n0,
-                                   (n1 - n0) * sizeof(float)))
-              << "cnt=" << cnt << " range=[" << n0 << "," << n1 << ")";
+        ASSERT_NO_FATAL_FAILURE(expect_part_is_full(isa(), x, K, w.view, full, N, M - cnt, cnt, n0, n1));
       }
     }
   }
