@@ -208,14 +208,14 @@ void int4_micro(const Dot& dot, const typename Dot::XElem* xc, int64_t ldxc, con
 }
 
 // Rows at.n + r * at.run (r < R) against all T tokens, in passes of up to P tokens; two blocks at once for
-// one token.
+// one token on up to 4 rows (8 block sums in flight, as 8 rows x 1 block have).
 template <class Dot, int R, int P>
 void int4_rows_pass(const Dot& dot, const typename Dot::XElem* xc, int64_t T, int64_t ldxc, const Int4Rows& w,
                     RowRuns at, float* y, int64_t ldy) {
   for (int64_t t = 0; t < T; t += P)
     with_token_count<P>(std::min<int64_t>(P, T - t), [&](auto tokens) {
       constexpr int tc = decltype(tokens)::value;
-      int4_micro<Dot, R, tc, tc == 1 ? 2 : 1>(dot, xc + t * ldxc, ldxc, w, at, y + t * ldy, ldy);
+      int4_micro<Dot, R, tc, tc == 1 && R <= 4 ? 2 : 1>(dot, xc + t * ldxc, ldxc, w, at, y + t * ldy, ldy);
     });
 }
 
@@ -254,13 +254,23 @@ bool linear_int4_avx512_with(const Dot& dot, const float* x, int64_t M, int64_t 
     // 774 / 1550 / 3173 / 6337 -> 550 / 691 / 1393 / 2865 / 5718 us; 3 tokens went as 2 + 1 before). Rows
     // of 512 columns measured slower as runs (2048x512 at 4 / 8 tokens 74 / 136 -> 86 / 168 us), and so did
     // the bf16 product's, which decodes 32 weights per step.
+    // One token on rows under kLongRowBytes goes as 8 runs: a row of 512 columns is 4 blocks, and the
+    // per-row work (pointers, the lane sums' reduction) took a fifth of the time with 4 runs. One thread,
+    // in L3, Zen 5, 2048x512 at one token: exact 28-30 -> 23-25 us, bf16-dot 21-26 -> 19; from DRAM, exact,
+    // one / two threads 29-30 / 15-19 -> 28 / 14-16. 8 runs x 2 tokens spill (2048x512, 41-48 -> 50-54 us).
     int64_t n = n0;
-    if (T <= 2 || (Dot::kLongRowRuns && rows.words_per_row * 4 >= kLongRowBytes)) {
-      constexpr int kRuns = 4;
+    const auto as_runs = [&](auto runs_c) {
+      constexpr int kRuns = decltype(runs_c)::value;
       const int64_t run = (n1 - n) / kRuns;
       for (int64_t i = 0; i < run; ++i, ++n)
         int4_rows_pass<Dot, kRuns, 4>(dot, xc, T, ldxc, rows, {n, run}, ym + (n - n0), ldy);
       n += (kRuns - 1) * run;
+    };
+    const bool long_rows = rows.words_per_row * 4 >= kLongRowBytes;
+    if (T == 1 && !long_rows) {
+      as_runs(std::integral_constant<int, 8>{});
+    } else if (T <= 2 || (Dot::kLongRowRuns && long_rows)) {
+      as_runs(std::integral_constant<int, 4>{});
     }
     for (; n + 4 <= n1; n += 4) int4_rows_pass<Dot, 4, 4>(dot, xc, T, ldxc, rows, {n, 1}, ym + (n - n0), ldy);
     for (; n + 2 <= n1; n += 2) int4_rows_pass<Dot, 2, 4>(dot, xc, T, ldxc, rows, {n, 1}, ym + (n - n0), ldy);
