@@ -259,18 +259,19 @@ bool linear_int4_avx512_with(const Dot& dot, const float* x, int64_t M, int64_t 
     // in L3, Zen 5, 2048x512 at one token: exact 28-30 -> 23-25 us, bf16-dot 21-26 -> 19; from DRAM, exact,
     // one / two threads 29-30 / 15-19 -> 28 / 14-16. 8 runs x 2 tokens spill (2048x512, 41-48 -> 50-54 us).
     int64_t n = n0;
-    const auto as_runs = [&](auto runs_c) {
-      constexpr int kRuns = decltype(runs_c)::value;
+    // kRuns runs in passes of up to P tokens (P = 1 for 8 runs: no 8-row variant of 2-4 tokens is built).
+    const auto as_runs = [&](auto runs_c, auto pass_c) {
+      constexpr int kRuns = decltype(runs_c)::value, P = decltype(pass_c)::value;
       const int64_t run = (n1 - n) / kRuns;
       for (int64_t i = 0; i < run; ++i, ++n)
-        int4_rows_pass<Dot, kRuns, 4>(dot, xc, T, ldxc, rows, {n, run}, ym + (n - n0), ldy);
+        int4_rows_pass<Dot, kRuns, P>(dot, xc, T, ldxc, rows, {n, run}, ym + (n - n0), ldy);
       n += (kRuns - 1) * run;
     };
     const bool long_rows = rows.words_per_row * 4 >= kLongRowBytes;
     if (T == 1 && !long_rows) {
-      as_runs(std::integral_constant<int, 8>{});
+      as_runs(std::integral_constant<int, 8>{}, std::integral_constant<int, 1>{});
     } else if (T <= 2 || (Dot::kLongRowRuns && long_rows)) {
-      as_runs(std::integral_constant<int, 4>{});
+      as_runs(std::integral_constant<int, 4>{}, std::integral_constant<int, 4>{});
     }
     for (; n + 4 <= n1; n += 4) int4_rows_pass<Dot, 4, 4>(dot, xc, T, ldxc, rows, {n, 1}, ym + (n - n0), ldy);
     for (; n + 2 <= n1; n += 2) int4_rows_pass<Dot, 2, 4>(dot, xc, T, ldxc, rows, {n, 1}, ym + (n - n0), ldy);
