@@ -72,6 +72,7 @@ TestWeight make_weight(DType dt, int64_t rows, int64_t cols, uint32_t seed) {
   return t;
 }
 
+using testing_util::expect_part_is_full;
 using testing_util::make_x;
 
 // Every kernel test runs on each ISA this CPU has; the ISA is an argument of every kernel call.
@@ -179,17 +180,6 @@ TEST_P(KernelIsa, LongRowsAtDecodeShapes) {
     check_against_reference(isa(), DType::kBF16, M, 13, 600, 0, 13);
     check_against_reference(isa(), DType::kF32, M, 13, 600, 2, 13);
   }
-}
-
-// Tokens [m0, m0 + cnt) of x (rows K apart) against rows [n0, n1) of w, in one call, give bit for bit
-// those entries of `full`, the call on every token and row (N columns per token).
-void expect_part_is_full(Isa isa, const std::vector<float>& x, int64_t K, const WeightView& w,
-                         const std::vector<float>& full, int64_t N, int64_t m0, int64_t cnt, int64_t n0, int64_t n1) {
-  std::vector<float> part(cnt * N, 0.0f);
-  linear(isa, x.data() + m0 * K, cnt, K, w, n0, n1, part.data(), N);
-  for (int64_t m = 0; m < cnt; ++m)
-    ASSERT_EQ(0, std::memcmp(part.data() + m * N + n0, full.data() + (m0 + m) * N + n0, (n1 - n0) * sizeof(float)))
-        << "m0=" << m0 << " cnt=" << cnt << " range=[" << n0 << "," << n1 << ")";
 }
 
 // The determinism contract: each row's bits are the same alone, in any batch, in any row range. (A single
