@@ -39,6 +39,7 @@ rt::Trace sample_trace() {
   t.ops = {op(0, "router", 0, 10), op(1, "shared.gate_up", 5, 25, 1), op(0, "experts.gate_up", 12, 40),
            op(1, "shared.down", 30, 50, 1), op(0, "sum", 50, 52)};
   t.edges.push_back({1, 2, 0, 9, 50'000});
+  t.sleeps = {{1, -5'000, 3'000}, {0, 40'000, 45'000}};  // the first began before the call
   return t;
 }
 
@@ -56,15 +57,22 @@ TEST(TraceExport, ChromeJsonHasOpsTilesFlowsAndLaneNames) {
   const std::string path = (std::filesystem::temp_directory_path() / "moe-trace-test.json").string();
   write_chrome_trace(sample_trace(), path);
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
-  int ops = 0, tiles = 0, flows = 0, names = 0;
+  int ops = 0, tiles = 0, sleeps = 0, flows = 0, names = 0;
   for (const auto& e : j["traceEvents"]) {
     const std::string ph = e["ph"];
+    if (ph == "X" && e["cat"] == "sleep") {
+      ++sleeps;
+      EXPECT_EQ(e["tid"], 1000 + (e["ts"] == 0.0 ? 1 : 0));  // a worker's lane
+      EXPECT_GE(e["ts"].get<double>(), 0.0) << "a sleep begun before the call starts with it";
+      continue;
+    }
     if (ph == "X") (e["cat"] == "op" ? ops : tiles)++;
     if (ph == "s" || ph == "f") ++flows;
     if (ph == "M") ++names;
   }
   EXPECT_EQ(ops, 5);
   EXPECT_EQ(tiles, 5);
+  EXPECT_EQ(sleeps, 2);
   EXPECT_EQ(flows, 2);
   EXPECT_EQ(names, 2 + 2 + 2);  // the process's name and order, two streams, two workers
   std::filesystem::remove(path);
@@ -102,6 +110,9 @@ TEST(TraceExport, ATraceSurvivesTextAndMergesAsAProcessPerRank) {
   }
   EXPECT_EQ(b.edges[0].to_seq, a.edges[0].to_seq);
   EXPECT_EQ(b.edges[0].time_ns, a.edges[0].time_ns);
+  ASSERT_EQ(b.sleeps.size(), a.sleeps.size());
+  EXPECT_EQ(b.sleeps[1].worker, a.sleeps[1].worker);
+  EXPECT_EQ(b.sleeps[1].end_ns, a.sleeps[1].end_ns);
   EXPECT_THROW(parse_trace("{\"ops\": 3}"), std::invalid_argument);
   EXPECT_THROW(parse_trace("not json"), std::invalid_argument);
 
@@ -110,6 +121,7 @@ TEST(TraceExport, ATraceSurvivesTextAndMergesAsAProcessPerRank) {
   EXPECT_EQ(later.ops[1].start_ns, a.ops[1].start_ns + 1000);
   EXPECT_EQ(later.ops[1].tiles[0].end_ns, a.ops[1].tiles[0].end_ns + 1000);
   EXPECT_EQ(later.edges[0].time_ns, a.edges[0].time_ns + 1000);
+  EXPECT_EQ(later.sleeps[1].start_ns, a.sleeps[1].start_ns + 1000);
 
   const std::string path = (std::filesystem::temp_directory_path() / "moe-trace-ranks.json").string();
   write_chrome_trace({{"rank 0", a}, {"rank 1", later}}, path);

@@ -295,11 +295,15 @@ void CpuCore::set_tracing(bool on) {
 void CpuCore::reserve_trace() {
   trace_.ops.reserve(trace_.ops.size() + kTraceReserve);
   trace_.edges.reserve(trace_.edges.size() + kTraceReserve);
+  trace_.sleeps.reserve(trace_.sleeps.size() + kTraceReserve);
 }
 
 Trace CpuCore::take_trace() {
   std::lock_guard<std::mutex> lk(mu_);
   Trace t = std::move(trace_);
+  for (SleepRecord& z : t.sleeps)
+    if (z.end_ns < 0) z.end_ns = now_ns();  // still asleep
+  ++trace_epoch_;  // a sleeper's record is no longer in trace_
   trace_ = Trace{};
   trace_.num_workers = num_workers_;
   if (tracing_) reserve_trace();

@@ -186,7 +186,7 @@ class CpuCore : public DeviceCore {
   void graph_start_poll(CpuEntry& e, int node);
   void finish_graph_if_done(CpuStream& s, CpuEntry& e);
   void reserve_trace();  // under mu_
-  static constexpr size_t kTraceReserve = 256;  // op and edge records: a forward has a few dozen at most
+  static constexpr size_t kTraceReserve = 256;  // op, edge and sleep records: a forward has a few dozen at most
   void complete_head(CpuStream& s);
   void pop_head(CpuStream& s);
   bool advance(CpuStream& s);
@@ -195,7 +195,7 @@ class CpuCore : public DeviceCore {
   // caller is a worker, which picks next itself) and, after a completion, the host waiters whose condition
   // now holds.
   void notify(bool from_worker);
-  void idle(std::unique_lock<std::mutex>& lk);
+  void idle(int worker, std::unique_lock<std::mutex>& lk);  // spins, then sleeps until gen_ changes
   void pin_workers();
   void wait_until(std::unique_lock<std::mutex>& lk, const std::function<bool()>& done);
   void block_until(std::unique_lock<std::mutex>& lk, const std::function<bool()>& done);
@@ -230,6 +230,7 @@ class CpuCore : public DeviceCore {
   std::mt19937_64 rng_;
   bool tracing_ = false;
   Trace trace_;
+  uint64_t trace_epoch_ = 0;  // take_trace()s so far: a sleep record begun before one is no longer in trace_
   std::vector<std::thread> workers_;
 };
 

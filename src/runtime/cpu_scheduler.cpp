@@ -7,6 +7,7 @@
 // is popped only by whoever finishes its last tile or poll.
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <stdexcept>
 
 #include "runtime/cpu_device.h"
@@ -78,11 +79,11 @@ void CpuCore::worker_main(int worker) {
       continue;
     }
     if (stop_) return;
-    idle(lk);
+    idle(worker, lk);
   }
 }
 
-void CpuCore::idle(std::unique_lock<std::mutex>& lk) {
+void CpuCore::idle(int worker, std::unique_lock<std::mutex>& lk) {
   uint64_t g = gen_.load(std::memory_order_acquire);
   if (options_.spin_us > 0) {
     lk.unlock();
@@ -95,12 +96,18 @@ void CpuCore::idle(std::unique_lock<std::mutex>& lk) {
   }
   auto changed = [&] { return stop_ || gen_.load(std::memory_order_acquire) != g; };
   ++num_sleepers_;
+  // Recorded when it begins, so that a trace taken while this worker sleeps has it (take_trace ends it there).
+  // The naps between polls end on their own and are not recorded.
+  const size_t record = tracing_ && num_poll_heads_ == 0 ? trace_.sleeps.size() : SIZE_MAX;
+  const uint64_t epoch = trace_epoch_;
+  if (record != SIZE_MAX) trace_.sleeps.push_back(SleepRecord{worker, now_ns(), -1});
   if (num_poll_heads_ > 0) {
     work_cv_.wait_for(lk, std::chrono::nanoseconds(kPollIntervalNs), changed);
   } else {
     work_cv_.wait(lk, changed);
   }
   --num_sleepers_;
+  if (record != SIZE_MAX && epoch == trace_epoch_) trace_.sleeps[record].end_ns = now_ns();
 }
 
 bool CpuCore::pick(CpuWork& work) {

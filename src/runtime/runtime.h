@@ -178,9 +178,17 @@ struct EdgeRecord {
   uint64_t to_seq = 0;  // the position of the wait on the waiting stream
   int64_t time_ns = 0;
 };
+// A worker asleep (blocked until woken) while tracing: time it ran nothing and had to be woken to run more.
+// One still asleep when the trace is taken ends at that moment.
+struct SleepRecord {
+  int worker = 0;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+};
 struct Trace {
   std::vector<OpRecord> ops;
   std::vector<EdgeRecord> edges;
+  std::vector<SleepRecord> sleeps;
   int num_workers = 0;
 };
 

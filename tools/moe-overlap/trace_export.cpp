@@ -79,6 +79,14 @@ void write_chrome_trace(const std::vector<TracePart>& parts, const std::string& 
       events.push_back({{"name", "event"}, {"cat", "event"}, {"ph", "f"}, {"bp", "e"}, {"id", flow}, {"pid", pid},
                         {"tid", e.to_stream}, {"ts", us(e.time_ns, t0)}});
     }
+    // A worker asleep: it had to be woken (a system call on the waker's side) before it could run more. A
+    // sleep begun before the traced call is shown from the call's start.
+    for (const auto& z : trace.sleeps) {
+      const int64_t start = std::max(z.start_ns, t0);
+      if (z.end_ns <= start) continue;
+      events.push_back({{"name", "asleep"}, {"cat", "sleep"}, {"ph", "X"}, {"pid", pid},
+                        {"tid", kWorkerTid0 + z.worker}, {"ts", us(start, t0)}, {"dur", us(z.end_ns, start)}});
+    }
     const std::string label = parts[i].label.empty() ? "moe-overlap" : parts[i].label;
     events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", label}}}});
     events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
@@ -194,7 +202,7 @@ void write_timeline_svg(const rt::Trace& trace, const std::string& title, const 
 
 std::string serialize_trace(const rt::Trace& trace) {
   using nlohmann::json;
-  json ops = json::array(), edges = json::array();
+  json ops = json::array(), edges = json::array(), sleeps = json::array();
   for (const rt::OpRecord& op : trace.ops) {
     json tiles = json::array();
     for (const rt::TileRecord& t : op.tiles) tiles.push_back({t.tile, t.worker, t.start_ns, t.end_ns});
@@ -202,7 +210,8 @@ std::string serialize_trace(const rt::Trace& trace) {
                    op.graph_node, tiles});
   }
   for (const rt::EdgeRecord& e : trace.edges) edges.push_back({e.from_stream, e.from_seq, e.to_stream, e.to_seq, e.time_ns});
-  return json{{"workers", trace.num_workers}, {"ops", ops}, {"edges", edges}}.dump();
+  for (const rt::SleepRecord& z : trace.sleeps) sleeps.push_back({z.worker, z.start_ns, z.end_ns});
+  return json{{"workers", trace.num_workers}, {"ops", ops}, {"edges", edges}, {"sleeps", sleeps}}.dump();
 }
 
 rt::Trace parse_trace(const std::string& text) {
@@ -226,6 +235,8 @@ rt::Trace parse_trace(const std::string& text) {
     for (const auto& e : j.at("edges"))
       t.edges.push_back({e.at(0).get<int>(), e.at(1).get<uint64_t>(), e.at(2).get<int>(), e.at(3).get<uint64_t>(),
                          e.at(4).get<int64_t>()});
+    for (const auto& z : j.at("sleeps"))
+      t.sleeps.push_back({z.at(0).get<int>(), z.at(1).get<int64_t>(), z.at(2).get<int64_t>()});
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(std::string("a serialized trace is malformed: ") + e.what());
   }
@@ -240,6 +251,7 @@ void shift_trace(rt::Trace& trace, int64_t ns) {
     for (rt::TileRecord& t : op.tiles) t.start_ns += ns, t.end_ns += ns;
   }
   for (rt::EdgeRecord& e : trace.edges) e.time_ns += ns;
+  for (rt::SleepRecord& z : trace.sleeps) z.start_ns += ns, z.end_ns += ns;
 }
 
 }  // namespace moe::tools
