@@ -3,7 +3,7 @@
 // stream order, across many concurrent streams; a failing tile stops its op's other tiles and fails the
 // stream as runtime.h says; polling ops poll only after their tiles and never concurrently; graph replays
 // run every node's tiles once per replay after its dependencies; a higher-priority op and a due poll get
-// a worker between two tiles of a long op.
+// a worker between two tiles of a long op; an idle worker stays awake while another runs tiles.
 //
 // Size: MOE_TEST_SCALE=small (the sanitizer CI runs) shrinks the programs.
 #include <gtest/gtest.h>
@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/cpu_affinity.h"
 #include "runtime/graph.h"
 #include "runtime/runtime.h"
 
@@ -364,6 +365,46 @@ TEST(RuntimeTilesTrace, TileRecordsAreTheTilesThatRan) {
   EXPECT_NE(seen, sorted);  // the shuffled hand-out order
   for (int i = 0; i < 100; ++i) EXPECT_EQ(sorted[static_cast<size_t>(i)], i);
   EXPECT_EQ(t.ops[1].tiles.size(), 11u);  // the ten that ran before the failing one, and that one
+}
+
+// An idle worker spins, instead of sleeping, while another runs tiles (when each has a core): the end of
+// that work is what readies its next op, and waking a sleeper then would cost the finishing worker a system
+// call. Two workers both awake (a two-tile op whose tiles wait for each other), then one runs a 5 ms tile,
+// 100 times spin_us: the other must not be asleep at any time between its start and the next op's (the cap
+// is raised so that a slow machine cannot reach it). Without spinning it sleeps at once, which the trace
+// shows (so the check can fail).
+TEST(RuntimeTilesTrace, AnIdleWorkerStaysAwakeWhileAnotherRunsTiles) {
+  if (allowed_cpus().size() < 2) GTEST_SKIP() << "needs a core per worker";
+  for (const int spin_us : {50, 0}) {
+    auto dev = make_cpu_device(
+        {.num_workers = 2, .spin_us = spin_us, .spin_while_running_us = spin_us > 0 ? 60'000'000 : 0});
+    Stream s = dev->default_stream();
+    dev->set_tracing(true);
+    std::atomic<int> arrived{0};
+    s.launch({.name = "both", .num_tiles = 2, .tile = [&](int) {
+                arrived++;
+                const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+                while (arrived.load() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+              }});
+    s.launch({.name = "long", .num_tiles = 1,
+              .tile = [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(5)); }});
+    s.launch({.name = "next", .num_tiles = 2, .tile = [](int) {}});
+    s.synchronize();
+    Trace t = dev->take_trace();
+    ASSERT_EQ(t.ops.size(), 3u);
+    ASSERT_EQ(t.ops[0].tiles.size(), 2u);
+    ASSERT_NE(t.ops[0].tiles[0].worker, t.ops[0].tiles[1].worker) << "the first op's tiles wait for each other";
+    int slept = 0;
+    for (const SleepRecord& z : t.sleeps) {
+      EXPECT_LE(z.start_ns, z.end_ns);
+      if (z.end_ns > t.ops[1].start_ns && z.start_ns < t.ops[2].start_ns) ++slept;  // asleep during "long"
+    }
+    if (spin_us > 0) {
+      EXPECT_EQ(slept, 0) << "a worker fell asleep while the other ran a tile";
+    } else {
+      EXPECT_GE(slept, 1) << "without spinning the idle worker sleeps, and the trace records it";
+    }
+  }
 }
 
 }  // namespace

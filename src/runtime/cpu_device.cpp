@@ -28,8 +28,8 @@ CpuCore::CpuCore(Device* dev, const CpuDeviceOptions& options)
   if (options.first_cpu < 0) {
     throw std::invalid_argument("CpuDeviceOptions::first_cpu must be >= 0, got " + std::to_string(options.first_cpu));
   }
-  if (options.spin_us < 0 || options.fuzz.max_delay_us < 0) {
-    throw std::invalid_argument("CpuDeviceOptions: spin_us and fuzz.max_delay_us must be >= 0");
+  if (options.spin_us < 0 || options.spin_while_running_us < 0 || options.fuzz.max_delay_us < 0) {
+    throw std::invalid_argument("CpuDeviceOptions: spin_us, spin_while_running_us and fuzz.max_delay_us must be >= 0");
   }
   trace_.num_workers = num_workers_;
 }
@@ -37,6 +37,8 @@ CpuCore::CpuCore(Device* dev, const CpuDeviceOptions& options)
 CpuCore::~CpuCore() { shutdown(); }
 
 void CpuCore::start() {
+  spin_while_running_ = options_.spin_us > 0 && options_.spin_while_running_us > options_.spin_us &&
+                        static_cast<size_t>(num_workers_) <= allowed_cpus().size();
   workers_.reserve(num_workers_);
   for (int w = 0; w < num_workers_; ++w) workers_.emplace_back([this, w] { worker_main(w); });
   if (options_.pin_workers) pin_workers();

@@ -71,11 +71,13 @@ void CpuCore::worker_main(int worker) {
   CpuWork work;
   for (;;) {
     if (pick(work)) {
+      num_running_.fetch_add(1, std::memory_order_relaxed);
       if (work.tile < 0) {
         run_poll(work, lk);
       } else {
         run_tiles(work, worker, lk);
       }
+      num_running_.fetch_sub(1, std::memory_order_relaxed);  // after the retire's gen_ bump, if any
       continue;
     }
     if (stop_) return;
@@ -87,8 +89,13 @@ void CpuCore::idle(int worker, std::unique_lock<std::mutex>& lk) {
   uint64_t g = gen_.load(std::memory_order_acquire);
   if (options_.spin_us > 0) {
     lk.unlock();
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(options_.spin_us);
-    while (gen_.load(std::memory_order_acquire) == g && std::chrono::steady_clock::now() < deadline) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + std::chrono::microseconds(options_.spin_us);
+    const auto running_deadline = start + std::chrono::microseconds(options_.spin_while_running_us);
+    while (gen_.load(std::memory_order_acquire) == g) {
+      const auto now = std::chrono::steady_clock::now();
+      const bool peer_running = spin_while_running_ && num_running_.load(std::memory_order_relaxed) > 0;
+      if (now >= deadline && !(peer_running && now < running_deadline)) break;
       std::this_thread::yield();
     }
     lk.lock();
