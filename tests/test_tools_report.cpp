@@ -84,7 +84,7 @@ TEST(TraceExport, SvgTimelineHasALanePerStreamAndWorker) {
   std::ifstream in(path);
   const std::string svg((std::istreambuf_iterator<char>(in)), {});
   for (const char* s : {"stream 0 (main)", "stream 1 (11)", "worker 0", "worker 1", "a &lt;title&gt; &amp; more",
-                        "marker-end"})
+                        "marker-end", "<title>asleep 3.0 us", "<title>asleep 5.0 us"})
     EXPECT_NE(svg.find(s), std::string::npos) << s;
   std::filesystem::remove(path);
 }

@@ -169,6 +169,14 @@ void write_timeline_svg(const std::vector<TracePart>& parts, const std::string& 
       for (const auto& tile : op.tiles)
         box(top + lane_h * (worker_lane0[i] + tile.worker), tile.start_ns, tile.end_ns, op.name, false);
     }
+    // A worker asleep: a thin grey bar at the foot of its lane, where it had to be woken to go on.
+    for (const auto& z : parts[i].trace.sleeps) {
+      const int64_t a = std::max(z.start_ns, t0), b = std::min(z.end_ns, t1);
+      if (b <= a) continue;
+      s << "<rect x='" << x(a) << "' y='" << top + lane_h * (worker_lane0[i] + z.worker + 1) - 4 << "' width='"
+        << std::max(0.5, x(b) - x(a)) << "' height='3' fill='#999'><title>asleep "
+        << static_cast<double>(b - a) / 1000.0 << " us</title></rect>\n";
+    }
     // Event edges: from the end of the recorded work on one stream to the waiting stream's lane.
     for (const auto& e : parts[i].trace.edges) {
       auto from = stream_lane[i].find(e.from_stream);
