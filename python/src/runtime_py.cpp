@@ -58,15 +58,17 @@ struct SanitizerScope {
 void bind_runtime(py::module_& m) {
   py::class_<PyDevice, std::shared_ptr<PyDevice>>(m, "Device", R"(A CPU device: a pool of worker threads that runs
 streams of operations with CUDA's semantics. workers=0: one per core; pin: worker w on the w-th allowed CPU.)")
-      .def(py::init([](int workers, bool pin, int spin_us) {
+      .def(py::init([](int workers, bool pin, int spin_us, int spin_while_running_us) {
              if (workers < 0) throw std::invalid_argument("workers: expected >= 0 (0: one per core), got " + std::to_string(workers));
              rt::CpuDeviceOptions o;
              o.num_workers = workers;
              o.pin_workers = pin;
              o.spin_us = spin_us;
+             o.spin_while_running_us = spin_while_running_us;
              return std::make_shared<PyDevice>(PyDevice{rt::make_cpu_device(o)});
            }),
-           py::arg("workers") = 2, py::arg("pin") = true, py::arg("spin_us") = 50)
+           py::arg("workers") = 2, py::arg("pin") = true, py::arg("spin_us") = rt::CpuDeviceOptions{}.spin_us,
+           py::arg("spin_while_running_us") = rt::CpuDeviceOptions{}.spin_while_running_us)
       .def_property_readonly("workers", [](const PyDevice& d) { return d.get().num_workers(); })
       .def_property_readonly("kind", [](const PyDevice& d) { return d.get().kind(); })
       .def("synchronize",
