@@ -335,6 +335,36 @@ TEST(RuntimeTilesPreempt, DuePollRunsBetweenTilesOfALongOp) {
   EXPECT_LT(seen.load(), kTiles) << "the poll waited for the whole long op";
 }
 
+// A worker that spins while another runs tiles still polls: a poll falls due with time, not with a
+// scheduling change, and only a change ends the spin past spin_us, so that spin is off while an op polls.
+// One worker runs a tile that lasts until the polled op's successor ran (or 10 s); the other must poll the
+// op (done at its third poll) and run the successor meanwhile. The spin's bound is raised past the 10 s, so
+// a worker that kept spinning beside the running one would poll no more until that tile ended.
+TEST(RuntimeTilesPreempt, AWorkerSpinningBesideARunningOnePolls) {
+  if (allowed_cpus().size() < 2) GTEST_SKIP() << "needs a core per worker";
+  auto dev = make_cpu_device({.num_workers = 2, .spin_while_running_us = 60'000'000});
+  Stream comm = dev->create_stream(kPriorityHigh, "comm");
+  Stream compute = dev->create_stream(kPriorityDefault, "compute");
+  std::atomic<bool> started{false}, consumed{false}, long_running{true};
+  compute.launch({.name = "long", .num_tiles = 1, .tile = [&](int) {
+                    started = true;
+                    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+                    while (!consumed.load() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+                    long_running = false;
+                  }});
+  while (!started.load()) std::this_thread::yield();
+  int polls = 0;  // poll() never runs concurrently with itself
+  comm.launch({.name = "transfer", .num_tiles = 0, .poll = [&] { return ++polls == 3; }});
+  bool during = false;
+  comm.launch({.name = "consume", .num_tiles = 1, .tile = [&](int) {
+                 during = long_running.load();
+                 consumed = true;
+               }});
+  dev->synchronize();
+  EXPECT_EQ(polls, 3);
+  EXPECT_TRUE(during) << "the polled op completed only after the long tile ended";
+}
+
 // Tracing under the claiming scheduler: one record per tile that ran, the failing one included (claim order
 // with one worker), none for the tiles skipped after it.
 TEST(RuntimeTilesTrace, TileRecordsAreTheTilesThatRan) {
@@ -369,8 +399,8 @@ TEST(RuntimeTilesTrace, TileRecordsAreTheTilesThatRan) {
 
 // An idle worker spins, instead of sleeping, while another runs tiles (when each has a core): the end of
 // that work is what readies its next op, and waking a sleeper then would cost the finishing worker a system
-// call. Two workers both awake (a two-tile op whose tiles wait for each other), then one runs a 5 ms tile,
-// 100 times spin_us: the other must not be asleep at any time between its start and the next op's (the cap
+// call. Two workers both awake (a two-tile op whose tiles wait for each other), then one runs a 50 ms tile,
+// 1000 times spin_us: the other must not be asleep at any time between its start and the next op's (the cap
 // is raised so that a slow machine cannot reach it). Without spinning it sleeps at once, which the trace
 // shows (so the check can fail).
 TEST(RuntimeTilesTrace, AnIdleWorkerStaysAwakeWhileAnotherRunsTiles) {
@@ -387,7 +417,7 @@ TEST(RuntimeTilesTrace, AnIdleWorkerStaysAwakeWhileAnotherRunsTiles) {
                 while (arrived.load() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
               }});
     s.launch({.name = "long", .num_tiles = 1,
-              .tile = [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(5)); }});
+              .tile = [](int) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }});
     s.launch({.name = "next", .num_tiles = 2, .tile = [](int) {}});
     s.synchronize();
     Trace t = dev->take_trace();

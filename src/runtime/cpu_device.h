@@ -30,11 +30,13 @@
 // workers as it made tiles or polls ready (one fewer when a worker made it: that worker picks next). Host
 // waiters are checked only when an entry completed, the only thing they wait for.
 //
-// Spinning: an idle worker spins for spin_us, and past it (up to spin_while_running_us in all) while another
-// worker runs tiles or a poll, when every worker has a core of its own. The end of that work is what makes
-// the next op ready (in a one-stream forward, always), and waking a sleeper then costs the finishing worker a
-// system call on the forward's critical path: 25-30 us in a KVM guest, at every op end where a tile
-// outlasted spin_us. The cap bounds what a worker spends on a core another process may need.
+// Spinning: an idle worker spins for spin_us, and past it (up to spin_while_running_us from when it went
+// idle, counted again after every scheduling change) while another worker runs tiles or a poll, when the
+// process has no more workers than CPUs and no op is in its poll phase. The end of that work is what makes
+// the next op ready (in a one-stream forward, always), and waking a sleeper then costs the finishing worker
+// a system call on the forward's critical path: 25-30 us in a KVM guest, at every op end where a tile
+// outlasted spin_us. The cap bounds what a worker spends on a core another process may need; processes
+// that share CPUs (expert-parallel ranks on one machine) turn it off (tools/moe-overlap/ep_launch.cpp).
 #pragma once
 
 #include <atomic>
@@ -222,7 +224,7 @@ class CpuCore : public DeviceCore {
   std::vector<HostWaiter*> host_waiters_;
   std::atomic<uint64_t> gen_{0};     // bumped on every scheduling change; idle workers spin on it
   std::atomic<int> num_running_{0};  // workers running tiles or a poll (changed under mu_, read without it)
-  bool spin_while_running_ = false;  // spin_while_running_us > spin_us > 0, workers <= CPUs: "Spinning"
+  bool spin_while_running_ = false;  // spin_while_running_us > spin_us > 0, workers <= CPUs: see "Spinning"
   int num_sleepers_ = 0;
   int wake_budget_ = 0;      // tiles and polls made ready since the last notify()
   bool host_dirty_ = false;  // an entry completed since the last notify()

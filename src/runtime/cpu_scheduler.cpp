@@ -88,13 +88,16 @@ void CpuCore::worker_main(int worker) {
 void CpuCore::idle(int worker, std::unique_lock<std::mutex>& lk) {
   uint64_t g = gen_.load(std::memory_order_acquire);
   if (options_.spin_us > 0) {
+    // Not past spin_us while an op is in its poll phase: a poll falls due with time, not with a change of
+    // gen_, and waits for a worker that sleeps at most a poll interval (one entering it changes gen_).
+    const bool extend = spin_while_running_ && num_poll_heads_ == 0;
     lk.unlock();
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + std::chrono::microseconds(options_.spin_us);
     const auto running_deadline = start + std::chrono::microseconds(options_.spin_while_running_us);
     while (gen_.load(std::memory_order_acquire) == g) {
       const auto now = std::chrono::steady_clock::now();
-      const bool peer_running = spin_while_running_ && num_running_.load(std::memory_order_relaxed) > 0;
+      const bool peer_running = extend && num_running_.load(std::memory_order_relaxed) > 0;
       if (now >= deadline && !(peer_running && now < running_deadline)) break;
       std::this_thread::yield();
     }

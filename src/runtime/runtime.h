@@ -212,8 +212,10 @@ struct FuzzOptions {
 struct CpuDeviceOptions {
   int num_workers = 0;  // 0: one per core
   int spin_us = 50;     // how long an idle worker spins before it sleeps (0: it never spins)
-  // ... and how long in all while another worker runs tiles or a poll, if there are no more workers than
-  // CPUs (a sleeper woken at an op's end costs its waker a system call; decode tiles run 10-300 us).
+  // ... and up to how long while another worker runs tiles or a poll, if this process has no more workers
+  // than CPUs (a sleeper woken at an op's end costs its waker a system call; decode tiles run 10-300 us).
+  // 0 (or not above spin_us): off. Processes sharing the CPUs should turn it off: each would spin on a
+  // core another needs.
   int spin_while_running_us = 1000;
   bool pin_workers = true;  // worker w on the w-th allowed CPU: each worker keeps a core of its own
   // With pin_workers: worker w on allowed CPU (first_cpu + w) mod their number. Processes sharing a machine

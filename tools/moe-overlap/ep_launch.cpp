@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #ifdef MOE_HAVE_MPI
 #include "ep/mpi_communicator.h"
@@ -23,7 +24,12 @@ void add_ep_options(CLI::App* cmd, EpOptions& o, const std::string& what) {
 }
 
 rt::CpuDeviceOptions rank_device_options(const ep::Communicator& comm, int threads) {
-  return {.num_workers = threads, .first_cpu = comm.rank() * std::max(threads, 1)};
+  rt::CpuDeviceOptions o{.num_workers = threads, .first_cpu = comm.rank() * std::max(threads, 1)};
+  // Ranks are placed as if they shared this machine. Where their workers outnumber its CPUs, a worker
+  // spinning while its peers run tiles would spin on a core another rank's worker needs.
+  const int cpus = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (comm.size() * (threads > 0 ? threads : cpus) > cpus) o.spin_while_running_us = 0;
+  return o;
 }
 
 LoadedModel load_rank_share(const ModelOptions& options, const ep::Communicator& comm) {
