@@ -39,7 +39,8 @@ rt::Trace sample_trace() {
   t.ops = {op(0, "router", 0, 10), op(1, "shared.gate_up", 5, 25, 1), op(0, "experts.gate_up", 12, 40),
            op(1, "shared.down", 30, 50, 1), op(0, "sum", 50, 52)};
   t.edges.push_back({1, 2, 0, 9, 50'000});
-  t.sleeps = {{1, -5'000, 3'000}, {0, 40'000, 45'000}};  // the first began before the call
+  // The first began before the call, the third was still open when the trace was taken (past the last op).
+  t.sleeps = {{1, -5'000, 3'000}, {0, 40'000, 45'000}, {1, 50'000, 90'000}};
   return t;
 }
 
@@ -62,8 +63,9 @@ TEST(TraceExport, ChromeJsonHasOpsTilesFlowsAndLaneNames) {
     const std::string ph = e["ph"];
     if (ph == "X" && e["cat"] == "sleep") {
       ++sleeps;
-      EXPECT_EQ(e["tid"], 1000 + (e["ts"] == 0.0 ? 1 : 0));  // a worker's lane
+      EXPECT_EQ(e["tid"], 1000 + (e["ts"] == 40.0 ? 0 : 1));  // a worker's lane
       EXPECT_GE(e["ts"].get<double>(), 0.0) << "a sleep begun before the call starts with it";
+      EXPECT_LE(e["ts"].get<double>() + e["dur"].get<double>(), 52.0) << "and ends by the last op's end";
       continue;
     }
     if (ph == "X") (e["cat"] == "op" ? ops : tiles)++;
@@ -72,7 +74,7 @@ TEST(TraceExport, ChromeJsonHasOpsTilesFlowsAndLaneNames) {
   }
   EXPECT_EQ(ops, 5);
   EXPECT_EQ(tiles, 5);
-  EXPECT_EQ(sleeps, 2);
+  EXPECT_EQ(sleeps, 3);
   EXPECT_EQ(flows, 2);
   EXPECT_EQ(names, 2 + 2 + 2);  // the process's name and order, two streams, two workers
   std::filesystem::remove(path);
@@ -84,7 +86,7 @@ TEST(TraceExport, SvgTimelineHasALanePerStreamAndWorker) {
   std::ifstream in(path);
   const std::string svg((std::istreambuf_iterator<char>(in)), {});
   for (const char* s : {"stream 0 (main)", "stream 1 (11)", "worker 0", "worker 1", "a &lt;title&gt; &amp; more",
-                        "marker-end", "<title>asleep 3.0 us", "<title>asleep 5.0 us"})
+                        "marker-end", "<title>asleep 3.0 us", "<title>asleep 5.0 us", "<title>asleep 2.0 us"})
     EXPECT_NE(svg.find(s), std::string::npos) << s;
   std::filesystem::remove(path);
 }

@@ -22,6 +22,14 @@ int64_t trace_start(const std::vector<TracePart>& parts) {
   return t0 == INT64_MAX ? 0 : t0;
 }
 
+// The end of the last op (at least t0 + 1).
+int64_t trace_end(const std::vector<TracePart>& parts, int64_t t0) {
+  int64_t t1 = t0 + 1;
+  for (const TracePart& p : parts)
+    for (const auto& op : p.trace.ops) t1 = std::max(t1, op.end_ns);
+  return t1;
+}
+
 // Worker lanes' thread ids in the JSON, above any stream id.
 constexpr int kWorkerTid0 = 1000;
 
@@ -55,7 +63,7 @@ const char* colour_for(const std::string& name) {
 
 void write_chrome_trace(const std::vector<TracePart>& parts, const std::string& path) {
   using nlohmann::json;
-  const int64_t t0 = trace_start(parts);
+  const int64_t t0 = trace_start(parts), t1 = trace_end(parts, t0);
   json events = json::array();
   int flow = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -79,13 +87,14 @@ void write_chrome_trace(const std::vector<TracePart>& parts, const std::string& 
       events.push_back({{"name", "event"}, {"cat", "event"}, {"ph", "f"}, {"bp", "e"}, {"id", flow}, {"pid", pid},
                         {"tid", e.to_stream}, {"ts", us(e.time_ns, t0)}});
     }
-    // A worker asleep: it had to be woken (a system call on the waker's side) before it could run more. A
-    // sleep begun before the traced call is shown from the call's start.
+    // A worker asleep: it had to be woken (a system call on the waker's side) before it could run more.
+    // Shown within the traced ops' span, as in the timeline: one begun before the first op was enqueued
+    // from there, one still open when the trace was taken up to the last op's end.
     for (const auto& z : trace.sleeps) {
-      const int64_t start = std::max(z.start_ns, t0);
-      if (z.end_ns <= start) continue;
+      const int64_t start = std::max(z.start_ns, t0), end = std::min(z.end_ns, t1);
+      if (end <= start) continue;
       events.push_back({{"name", "asleep"}, {"cat", "sleep"}, {"ph", "X"}, {"pid", pid},
-                        {"tid", kWorkerTid0 + z.worker}, {"ts", us(start, t0)}, {"dur", us(z.end_ns, start)}});
+                        {"tid", kWorkerTid0 + z.worker}, {"ts", us(start, t0)}, {"dur", us(end, start)}});
     }
     const std::string label = parts[i].label.empty() ? "moe-overlap" : parts[i].label;
     events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", label}}}});
@@ -102,8 +111,7 @@ void write_chrome_trace(const std::vector<TracePart>& parts, const std::string& 
 }
 
 void write_timeline_svg(const std::vector<TracePart>& parts, const std::string& title, const std::string& path) {
-  const int64_t t0 = trace_start(parts);
-  int64_t t1 = t0 + 1;
+  const int64_t t0 = trace_start(parts), t1 = trace_end(parts, t0);
   // Lanes, top to bottom: every part's streams, then its workers.
   struct Lane {
     std::string label;
@@ -118,10 +126,7 @@ void write_timeline_svg(const std::vector<TracePart>& parts, const std::string& 
   for (size_t i = 0; i < parts.size(); ++i) {
     const std::string prefix = parts[i].label.empty() ? "" : parts[i].label + ": ";
     std::map<int, std::string> streams;
-    for (const auto& op : parts[i].trace.ops) {
-      t1 = std::max(t1, op.end_ns);
-      streams[op.stream_id] = op.stream_name;
-    }
+    for (const auto& op : parts[i].trace.ops) streams[op.stream_id] = op.stream_name;
     first_lane[i] = static_cast<int>(lanes.size());
     for (const auto& [id, name] : streams) {
       stream_lane[i][id] = static_cast<int>(lanes.size());
