@@ -37,6 +37,9 @@
 // a system call on the forward's critical path: 25-30 us in a KVM guest, at every op end where a tile
 // outlasted spin_us. The cap bounds what a worker spends on a core another process may need; processes
 // that share CPUs (expert-parallel ranks on one machine) turn it off (tools/moe-overlap/ep_launch.cpp).
+// A worker counts as running (num_busy_) from a pick until it next goes idle, so that a chain of picks
+// writes the shared counter once, not twice per pick: per node of a replay of empty one-tile ops, the
+// per-pick count measured slower in bench_runtime.
 #pragma once
 
 #include <atomic>
@@ -223,7 +226,7 @@ class CpuCore : public DeviceCore {
   };
   std::vector<HostWaiter*> host_waiters_;
   std::atomic<uint64_t> gen_{0};     // bumped on every scheduling change; idle workers spin on it
-  std::atomic<int> num_running_{0};  // workers running tiles or a poll (changed under mu_, read without it)
+  std::atomic<int> num_busy_{0};  // workers not idle: between a pick and going idle (changed under mu_)
   bool spin_while_running_ = false;  // spin_while_running_us > spin_us > 0, workers <= CPUs: see "Spinning"
   int num_sleepers_ = 0;
   int wake_budget_ = 0;      // tiles and polls made ready since the last notify()

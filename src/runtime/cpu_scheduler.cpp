@@ -69,17 +69,20 @@ void CpuCore::notify(bool from_worker) {
 void CpuCore::worker_main(int worker) {
   std::unique_lock<std::mutex> lk(mu_);
   CpuWork work;
+  bool busy = false;  // counted in num_busy_: written when this worker goes idle or leaves idle, not per pick
   for (;;) {
     if (pick(work)) {
-      num_running_.fetch_add(1, std::memory_order_relaxed);
+      if (!busy) num_busy_.fetch_add(1, std::memory_order_relaxed);
+      busy = true;
       if (work.tile < 0) {
         run_poll(work, lk);
       } else {
         run_tiles(work, worker, lk);
       }
-      num_running_.fetch_sub(1, std::memory_order_relaxed);  // after the retire's gen_ bump, if any
       continue;
     }
+    if (busy) num_busy_.fetch_sub(1, std::memory_order_relaxed);  // after the retire's gen_ bump, if any
+    busy = false;
     if (stop_) return;
     idle(worker, lk);
   }
@@ -97,7 +100,7 @@ void CpuCore::idle(int worker, std::unique_lock<std::mutex>& lk) {
     const auto running_deadline = start + std::chrono::microseconds(options_.spin_while_running_us);
     while (gen_.load(std::memory_order_acquire) == g) {
       const auto now = std::chrono::steady_clock::now();
-      const bool peer_running = extend && num_running_.load(std::memory_order_relaxed) > 0;
+      const bool peer_running = extend && num_busy_.load(std::memory_order_relaxed) > 0;
       if (now >= deadline && !(peer_running && now < running_deadline)) break;
       std::this_thread::yield();
     }
