@@ -1,5 +1,5 @@
-// Shared by the kernel tests: seeded activations, the row-bits comparison, and a fixture that runs a test on every ISA this CPU has
-// (the ISA is an argument of every kernel call).
+// Shared by the kernel tests: seeded activations, the row-bits comparison, and a fixture that runs a test
+// on every ISA this CPU has (the ISA is an argument of every kernel call).
 #pragma once
 
 #include <gtest/gtest.h>

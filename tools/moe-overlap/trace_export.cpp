@@ -30,6 +30,14 @@ int64_t trace_end(const std::vector<TracePart>& parts, int64_t t0) {
   return t1;
 }
 
+// A sleep as both exports show it: within the ops' span [t0, t1) (a sleep begun before the first op was
+// enqueued from there, one still open when the trace was taken up to the last op's end); false if none of it is.
+bool sleep_span(const rt::SleepRecord& z, int64_t t0, int64_t t1, int64_t* start, int64_t* end) {
+  *start = std::max(z.start_ns, t0);
+  *end = std::min(z.end_ns, t1);
+  return *end > *start;
+}
+
 // Worker lanes' thread ids in the JSON, above any stream id.
 constexpr int kWorkerTid0 = 1000;
 
@@ -88,11 +96,9 @@ void write_chrome_trace(const std::vector<TracePart>& parts, const std::string& 
                         {"tid", e.to_stream}, {"ts", us(e.time_ns, t0)}});
     }
     // A worker asleep: it had to be woken (a system call on the waker's side) before it could run more.
-    // Shown within the traced ops' span, as in the timeline: one begun before the first op was enqueued
-    // from there, one still open when the trace was taken up to the last op's end.
     for (const auto& z : trace.sleeps) {
-      const int64_t start = std::max(z.start_ns, t0), end = std::min(z.end_ns, t1);
-      if (end <= start) continue;
+      int64_t start, end;
+      if (!sleep_span(z, t0, t1, &start, &end)) continue;
       events.push_back({{"name", "asleep"}, {"cat", "sleep"}, {"ph", "X"}, {"pid", pid},
                         {"tid", kWorkerTid0 + z.worker}, {"ts", us(start, t0)}, {"dur", us(end, start)}});
     }
@@ -176,8 +182,8 @@ void write_timeline_svg(const std::vector<TracePart>& parts, const std::string& 
     }
     // A worker asleep: a thin grey bar at the foot of its lane, where it had to be woken to go on.
     for (const auto& z : parts[i].trace.sleeps) {
-      const int64_t a = std::max(z.start_ns, t0), b = std::min(z.end_ns, t1);
-      if (b <= a) continue;
+      int64_t a, b;
+      if (!sleep_span(z, t0, t1, &a, &b)) continue;
       s << "<rect x='" << x(a) << "' y='" << top + lane_h * (worker_lane0[i] + z.worker + 1) - 4 << "' width='"
         << std::max(0.5, x(b) - x(a)) << "' height='3' fill='#999'><title>asleep "
         << static_cast<double>(b - a) / 1000.0 << " us</title></rect>\n";
