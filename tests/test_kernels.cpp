@@ -10,11 +10,14 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu_features.h"
 #include "kernels/dtype.h"
 #include "kernels/linear.h"
+#include "kernels/linear_isa.h"
 #include "kernels/roofline.h"
 #include "kernels/weight.h"
 #include "kernel_test_util.h"
@@ -481,6 +484,35 @@ TEST(KernelDispatch, BestIsaIsSupportedAndUnsupportedThrows) {
       EXPECT_THROW(require_isa(isa, "test"), std::invalid_argument);
     }
   }
+}
+
+// The AVX2 kernels' two prefetch builds (into L2 4 KiB ahead, into L1 2 KiB ahead; linear.cpp picks one per
+// CPU family) give the same bits: every dtype they take, the token counts of each blocking (runs, row blocks,
+// panels), rows of a partial scale block and a column tail, and a NaN in x. Both run on every AVX2 CPU.
+TEST(Avx2Prefetch, L1AndL2BuildsGiveTheSameBits) {
+  if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "avx2 not available here";
+  for (const DType dt : {DType::kF32, DType::kBF16, DType::kF8E4M3})
+    for (const int64_t K : {int64_t{200}, int64_t{2048}})
+      for (const int64_t M : {1, 2, 3, 4, 5, 8, 9, 16}) {
+        const int64_t N = 23;
+        const TestWeight w = make_weight(dt, N, K, static_cast<uint32_t>(M + K));
+        std::vector<float> x = testing_util::make_x(M, K, static_cast<uint32_t>(7 * M + K));
+        if (M == 5) x[static_cast<size_t>(3 * K + 7)] = std::numeric_limits<float>::quiet_NaN();
+        std::vector<float> l2(static_cast<size_t>(M * N)), l1(l2.size(), 1.0f);
+        detail::linear_avx2(x.data(), M, K, w.view, 0, N, l2.data(), N);
+        detail::linear_avx2_prefetch_l1(x.data(), M, K, w.view, 0, N, l1.data(), N);
+        EXPECT_EQ(std::memcmp(l2.data(), l1.data(), l2.size() * sizeof(float)), 0)
+            << dtype_name(dt) << " K=" << K << " M=" << M;
+      }
+}
+
+// Reports name the L1 build exactly where linear() picks it: AMD family 0x1a (Zen 5) and later.
+TEST(Avx2Prefetch, IsNamedWhereItRuns) {
+  const CpuFeatures& f = cpu_features();
+  const bool l1 = isa_supported(Isa::kAvx2) && f.amd && f.family >= 0x1a;
+  EXPECT_EQ(isa_build(Isa::kAvx2) == "weights prefetched into L1", l1) << isa_build(Isa::kAvx2);
+  EXPECT_EQ(isa_build(Isa::kAvx2).empty(), !l1);
+  EXPECT_EQ(isa_build(Isa::kAvx2Int8).find("other weights prefetched into L1") != std::string::npos, l1);
 }
 
 TEST(Dtype, Fp8RoundTripsAllCodes) {

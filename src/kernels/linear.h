@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "kernels/weight.h"
@@ -39,9 +40,10 @@ inline bool approximates_x(Isa isa, DType weights) {
 }
 // The exact ISA whose kernels run where `isa` does not approximate x (avx512bf16 -> avx512, avx2int8 -> avx2).
 Isa exact_isa(Isa isa);
-// What a kernel build chosen by a run-time CPU check runs beyond what `isa` names, for reports: avx2int8 on a
-// CPU with AVX512-VNNI and -VL says "vpdpbusd, two rows per 512-bit vector"; empty otherwise. Same bits.
-std::string_view isa_build(Isa isa);
+// What the kernel builds chosen by run-time CPU checks run beyond what `isa` names, for reports, "; " between
+// them: avx2int8 on a CPU with AVX512-VNNI and -VL says "vpdpbusd, two rows per 512-bit vector", avx2 on an
+// AMD Zen 5 "weights prefetched into L1"; empty otherwise. Same bits.
+std::string isa_build(Isa isa);
 Isa best_isa();  // the best exact fp32 ISA this CPU supports and this build compiled (never an opt-in one)
 bool isa_supported(Isa isa);
 // Throws std::invalid_argument naming `who` and the ISA when this CPU (or build) lacks it.

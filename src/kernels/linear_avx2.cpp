@@ -10,6 +10,9 @@
 namespace moe {
 namespace {
 
+// kIntoL1: whether the weights are prefetched into L1 or L2, and how far ahead the runs of rows go
+// (prefetch() and kRunLeadBytes below); linear.cpp picks one per CPU family.
+template <bool kIntoL1>
 struct Avx2 {
   using Reg = __m256;
   static constexpr int kLanes = 8;
@@ -19,7 +22,7 @@ struct Avx2 {
   static constexpr int kPanelRows = 4;  // 16 registers: the 4-row panel blocks only
   static constexpr int kPanelTokens = 2;
   // How far ahead of its reads each run of rows is prefetched (run_kernel in linear_simd.h).
-  static constexpr int64_t kRunLeadBytes = 4096;
+  static constexpr int64_t kRunLeadBytes = kIntoL1 ? 2048 : 4096;
   // fp8 panels are decoded by their first micro-block as it uses them (row_block_panel in linear_simd.h;
   // Zen 5, fp8 2048x7168 in L3 at 5 / 10 / 16 tokens, one thread 3.19 / 4.16 / 5.89 -> 2.38 / 3.54 /
   // 5.32 ms, two 1.56 / 2.11 / 2.99 -> 1.19 / 1.87 / 2.82 ms; docs/kernel-notes.md).
@@ -38,11 +41,14 @@ struct Avx2 {
   static Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
   // always_inline, like every function or lambda that only prefetches (linear_simd.h, dot_rows): GCC counts
   // a prefetch as free of side effects, deems such a function pure and deletes its calls before inlining.
-  // Into L2 (T1), not L1, with runs 4 KiB ahead: on a CPU exposing AVX2 only (an EPYC Zen 4 guest), bf16
-  // 512x2048 from DRAM on two threads at 1 / 2 / 4 / 8 tokens 80 / 89 / 105 / 179 -> 68 / 73 / 89 / 154 us.
-  // The variants and the other shapes: docs/kernel-notes.md, "AVX2 prefetches into L2". Not measured again
-  // on CPUs with AVX-512, where T1 had measured no better than T0.
-  __attribute__((always_inline)) static void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
+  // Into L2 (T1) with runs 4 KiB ahead: on an AVX2-only Zen 4 guest, bf16 512x2048 from DRAM on two threads
+  // at 1 / 2 / 4 / 8 tokens 80 / 89 / 105 / 179 -> 68 / 73 / 89 / 154 us against L1 (T0) 2 KiB ahead
+  // (docs/kernel-notes.md, "AVX2 prefetches into L2"). On a Zen 5 L1 and 2 KiB, the AVX-512 kernels'
+  // prefetch, is the faster one: the Qwen3-Next layer 1.05-1.17x at 1-128 tokens (docs/kernel-notes.md,
+  // "The AVX2 prefetch per CPU family").
+  __attribute__((always_inline)) static void prefetch(const void* p) {
+    _mm_prefetch(static_cast<const char*>(p), kIntoL1 ? _MM_HINT_T0 : _MM_HINT_T1);
+  }
   static float hsum(Reg v) {
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     b = _mm_add_ps(b, _mm_movehl_ps(b, b));
@@ -157,7 +163,12 @@ namespace moe::detail {
 
 void linear_avx2(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1, float* y,
                  int64_t ldy) {
-  simd::linear_any<Avx2>(x, M, ldx, w, n0, n1, y, ldy);
+  simd::linear_any<Avx2<false>>(x, M, ldx, w, n0, n1, y, ldy);
+}
+
+void linear_avx2_prefetch_l1(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n0, int64_t n1,
+                             float* y, int64_t ldy) {
+  simd::linear_any<Avx2<true>>(x, M, ldx, w, n0, n1, y, ldy);
 }
 
 }  // namespace moe::detail
