@@ -10,7 +10,7 @@ int64_t max_row_tiles(int64_t pairs, int64_t local_experts) {
 }
 
 void write_row_plan(const int32_t* start, int32_t total, int64_t el, int32_t* offsets, int32_t* row_tiles,
-                    int32_t* num_row_tiles) {
+                    int32_t* num_row_tiles, int32_t* row_progress) {
   std::copy(start, start + el, offsets);
   offsets[el] = total;
   int32_t n = 0;
@@ -23,6 +23,7 @@ void write_row_plan(const int32_t* start, int32_t total, int64_t el, int32_t* of
       ++n;
     }
   *num_row_tiles = n;
+  std::fill(row_progress, row_progress + 2 * static_cast<int64_t>(n), 0);
 }
 
 void dispatch_tile(const DispatchArgs& a, int tile, int num_tiles) {
@@ -38,7 +39,7 @@ void dispatch_tile(const DispatchArgs& a, int tile, int num_tiles) {
     cursor[e] = running;
     running += count;
   }
-  if (tile == 0) write_row_plan(cursor, running, el, a.offsets, a.row_tiles, a.num_row_tiles);
+  if (tile == 0) write_row_plan(cursor, running, el, a.offsets, a.row_tiles, a.num_row_tiles, a.row_progress);
   for (int64_t p = 0; p < t0 * k; ++p)
     if (a.ids[p] < el) ++cursor[a.ids[p]];
   for (int64_t p = t0 * k; p < t1 * k; ++p) {

@@ -7,6 +7,7 @@
 //   offsets   [E_l + 1]    first grouped row of each local expert; offsets[E_l] = rows in use
 //   row_tiles [max_row_tiles * 3] (expert, row0, row1) blocks of at most R rows, expert ascending;
 //   num_row_tiles [1]
+//   row_progress [max_row_tiles * 2] zeroed for the row tiles in use (the experts op's counters)
 //   xg        [P, H]       gathered token rows
 //
 // The work is split over token ranges. Every tile recounts all P pairs (O(P + E_l), microseconds) into its
@@ -36,6 +37,7 @@ struct DispatchArgs {
   int32_t* offsets = nullptr;
   int32_t* row_tiles = nullptr;
   int32_t* num_row_tiles = nullptr;
+  int32_t* row_progress = nullptr;
   float* xg = nullptr;
 };
 
@@ -43,9 +45,10 @@ struct DispatchArgs {
 void dispatch_tile(const DispatchArgs& a, int tile, int num_tiles);
 
 // The grouped rows' plan from each local expert's first row (start[E_l]) and the rows in use: offsets and
-// the row-tile table (expert ascending, blocks of at most kExpertRowsPerTile rows). Shared by the dispatch
-// of one process and expert parallelism's grouping of received rows (layer/ops/ep_ops.cpp).
+// the row-tile table (expert ascending, blocks of at most kExpertRowsPerTile rows), and zeroes the
+// progress counters of the row tiles in use. Shared by the dispatch of one process and expert parallelism's
+// grouping of received rows (layer/ops/ep_ops.cpp).
 void write_row_plan(const int32_t* start, int32_t total, int64_t local_experts, int32_t* offsets, int32_t* row_tiles,
-                    int32_t* num_row_tiles);
+                    int32_t* num_row_tiles, int32_t* row_progress);
 
 }  // namespace moe

@@ -5,10 +5,12 @@
 namespace moe {
 
 std::vector<ForwardStep> describe_forward(const MoeConfig& c, bool expert_parallel) {
-  const ForwardStep gate_up{.name = "experts.gate_up", .branch = Branch::kRouted, .segment = 2,
-                            .make = ops::make_experts_gate_up_op, .make_fused = ops::make_fused_gate_up_op};
-  const ForwardStep down{.name = "experts.down", .branch = Branch::kRouted, .segment = 2,
-                         .make = ops::make_experts_down_op, .make_fused = ops::make_fused_down_op};
+  // The routed experts: one operation, gate_up and down chained by row tile; the fused schedule's two
+  // operations run the shared expert's steps beside them, gate_up then down.
+  const ForwardStep gate_up{.name = "experts", .branch = Branch::kRouted, .segment = 2,
+                            .make = ops::make_experts_op, .make_fused = ops::make_fused_gate_up_op};
+  const ForwardStep down{.name = "experts.down", .branch = Branch::kRouted, .segment = 2, .make = nullptr,
+                         .make_fused = ops::make_fused_down_op};
   std::vector<ForwardStep> s = {
       {.name = "check_input", .branch = Branch::kInput, .make = ops::make_check_input_op, .only_when_checking = true},
       {.name = "router", .branch = Branch::kRouted, .segment = 0, .make = ops::make_router_op},
@@ -48,8 +50,10 @@ class Placer {
     for (size_t i = 0; i < p_.steps.size(); ++i) {
       const ForwardStep& st = p_.steps[i];
       if (st.branch != b || (segment >= 0 && st.segment != segment)) continue;
+      const bool fused_form = fused && st.make_fused != nullptr;
+      if (!fused_form && st.make == nullptr) continue;  // runs inside the step before it
       p_.actions.push_back({.kind = PlacedAction::Kind::kLaunch, .stream = s, .step = static_cast<int>(i),
-                            .fused = fused && st.make_fused != nullptr});
+                            .fused = fused_form});
     }
   }
   void record(StreamRole s, int event) {

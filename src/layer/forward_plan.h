@@ -41,7 +41,7 @@ struct ForwardStep {
   // Routed: 0 router, 1 top-k and dispatch, 2 expert compute, 3 combine. Shared: the routed segment it is
   // meant to overlap (1-3). Input and join: 0.
   int segment = 0;
-  OpMaker make = nullptr;
+  OpMaker make = nullptr;  // null: the plain form runs inside the step before it (experts.down in experts)
   OpMaker make_fused = nullptr;  // routed expert steps: the fused schedule's form (also runs the shared steps)
   bool only_when_checking = false;  // check_input: placed always, launched when ForwardOptions::check_input
 };

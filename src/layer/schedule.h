@@ -10,9 +10,10 @@
 //   fused:  the alternative to overlap that serving engines use where they can (SGLang's and vLLM's shared-
 //           expert fusion): the shared expert joins the routed expert operations as one more, always-chosen
 //           expert on the same stream. Its gate_up (with SiLU-and-multiply, and its gate) tiles run in one
-//           operation with experts.gate_up, its down tiles with experts.down: four fewer operations (and
-//           barriers) per call, and the shared tiles fill workers the routed ones leave idle. One stream, so
-//           the overlap policies below do not apply.
+//           operation with the routed experts' gate_up, its down tiles in one with their down (the other
+//           schedules chain the routed gate_up and down by expert in one operation, "experts"): three fewer
+//           operations than serial, and the shared tiles fill workers the routed ones leave idle. One stream,
+//           so the overlap policies below do not apply.
 //   auto:   the schedule a tuning table measured fastest on this machine for the call's token count
 //           (`moe-overlap bench --tune FILE` writes one); serial when the layer has none.
 // All schedules run the same arithmetic with the same reduction orders: the output is bitwise identical.

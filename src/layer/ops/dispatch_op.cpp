@@ -16,7 +16,7 @@ rt::Op make_dispatch_op(const Context& c) {
   const RoutedBuffers b = c.routed;
   DispatchArgs a{.ids = b.topk_ids, .tokens = t, .top_k = k, .local_experts = el, .x = c.x, .hidden = h,
                  .counters = b.counters, .pair_row = b.pair_row, .offsets = b.offsets, .row_tiles = b.row_tiles,
-                 .num_row_tiles = b.num_row_tiles, .xg = b.xg};
+                 .num_row_tiles = b.num_row_tiles, .row_progress = b.row_progress, .xg = b.xg};
   const int num_tiles =
       static_cast<int>(std::clamp<int64_t>((t + kTokensPerTile - 1) / kTokensPerTile, 1, kMaxDispatchTiles));
   rt::Op op{.name = "dispatch", .num_tiles = num_tiles};
@@ -29,6 +29,7 @@ rt::Op make_dispatch_op(const Context& c) {
                  rt::writes(b.offsets, static_cast<size_t>(el + 1) * 4),
                  rt::writes(b.row_tiles, static_cast<size_t>(max_row_tiles(t * k, el) * 3) * 4),
                  rt::writes(b.num_row_tiles, 4),
+                 rt::writes(b.row_progress, static_cast<size_t>(max_row_tiles(t * k, el) * 2) * 4),
                  rt::writes(b.xg, p * static_cast<size_t>(h) * 4)};
   return op;
 }

@@ -166,7 +166,7 @@ rt::Op make_ep_group_op(const Context& c) {
       cursor[x] = running;
       running += n;
     }
-    write_row_plan(cursor, running, el, b.offsets, b.row_tiles, b.num_row_tiles);
+    write_row_plan(cursor, running, el, b.offsets, b.row_tiles, b.num_row_tiles, b.row_progress);
     for (int q = 0; q < e.ranks; ++q) {
       const int32_t* meta = e.recv_meta + q * (1 + cap);
       for (int32_t i = 0; i < meta[0]; ++i) {
@@ -184,6 +184,7 @@ rt::Op make_ep_group_op(const Context& c) {
                  rt::writes(b.offsets, static_cast<size_t>(el + 1) * 4),
                  rt::writes(b.row_tiles, static_cast<size_t>(max_row_tiles(max_rows, el) * 3) * 4),
                  rt::writes(b.num_row_tiles, 4),
+                 rt::writes(b.row_progress, static_cast<size_t>(max_row_tiles(max_rows, el) * 2) * 4),
                  rt::writes(b.xg, static_cast<size_t>(max_rows) * rb)};
   return op;
 }

@@ -1,27 +1,66 @@
-// "experts.gate_up" and "experts.down": the routed experts' SwiGLU over the grouped rows.
+// "experts.gate_up" and "experts.down": the routed experts' SwiGLU over the grouped rows; "experts", the two
+// chained by row tile (row_chain.h), as the unfused schedules run them.
 //
 // The grid is (row tile, column block) with row tiles sized for the worst case (max_row_tiles); each tile
 // looks up its (expert, row0, row1) in the table dispatch wrote and returns at once past its end, so an
 // expert that received nothing costs nothing and the tile count does not depend on the routing.
 #include <algorithm>
+#include <vector>
 
 #include "kernels/linear.h"
 #include "layer/dispatch.h"
 #include "layer/ops/ops.h"
+#include "layer/ops/row_chain.h"
 
 namespace moe::ops {
 
 namespace {
 
+// What the experts' tiles read and write (smaller than RoutedBuffers, so that the chained operation's
+// captures stay in place: rt::kTileInlineBytes).
+struct ExpertsArgs {
+  Isa isa;
+  int64_t h, inter;
+  const int32_t* row_tiles;
+  const int32_t* num_row_tiles;
+  const float* xg;
+  float* hg;
+  float* og;
+  const std::vector<ExpertWeights>* experts;
+};
+
+ExpertsArgs experts_args(const Context& c) {
+  const RoutedBuffers& b = c.routed;
+  return {c.isa, c.config->hidden, c.config->moe_intermediate, b.row_tiles, b.num_row_tiles, b.xg, b.hg, b.og,
+          &c.weights->experts};
+}
+
 struct RowTile {
   int32_t expert, r0, r1;
 };
 
-inline bool lookup(const RoutedBuffers& b, int64_t row_tile, RowTile* out) {
-  if (row_tile >= *b.num_row_tiles) return false;
-  const int32_t* e = b.row_tiles + 3 * row_tile;
+inline bool lookup(const ExpertsArgs& a, int64_t row_tile, RowTile* out) {
+  if (row_tile >= *a.num_row_tiles) return false;
+  const int32_t* e = a.row_tiles + 3 * row_tile;
   *out = {e[0], e[1], e[2]};
   return true;
+}
+
+void gate_up_cell(const ExpertsArgs& a, const Grid& grid, int tile) {
+  const Grid::Cell cell = grid.cell(tile);
+  RowTile t;
+  if (!lookup(a, cell.row_block, &t)) return;
+  const ExpertWeights& ew = (*a.experts)[static_cast<size_t>(t.expert)];
+  gate_up_silu(a.isa, a.xg + t.r0 * a.h, t.r1 - t.r0, a.h, ew.gate, ew.up, cell.c0, cell.c1, a.hg + t.r0 * a.inter,
+               a.inter);
+}
+
+void down_cell(const ExpertsArgs& a, const Grid& grid, int tile) {
+  const Grid::Cell cell = grid.cell(tile);
+  RowTile t;
+  if (!lookup(a, cell.row_block, &t)) return;
+  const ExpertWeights& ew = (*a.experts)[static_cast<size_t>(t.expert)];
+  linear(a.isa, a.hg + t.r0 * a.inter, t.r1 - t.r0, a.inter, ew.down, cell.c0, cell.c1, a.og + t.r0 * a.h, a.h);
 }
 
 // The tile count must not depend on the routing (graphs replay it), but the column split should fit the
@@ -39,56 +78,56 @@ Grid expert_grid(const Context& c, int64_t cols) {
                    max_row_tiles(local_pairs, local));
 }
 
+size_t max_rows_bytes(const Context& c, int64_t cols) { return static_cast<size_t>(c.expert_rows * cols) * 4; }
+
 void add_plan_reads(rt::Op& op, const Context& c) {
-  const int64_t pairs = c.expert_rows;
   const RoutedBuffers& b = c.routed;
+  const int64_t row_tiles = max_row_tiles(c.expert_rows, c.weights->num_local_experts());
   op.accesses.push_back(rt::reads(b.num_row_tiles, 4));
-  op.accesses.push_back(
-      rt::reads(b.row_tiles, static_cast<size_t>(max_row_tiles(pairs, c.weights->num_local_experts()) * 3) * 4));
+  op.accesses.push_back(rt::reads(b.row_tiles, static_cast<size_t>(row_tiles * 3) * 4));
 }
 
 }  // namespace
 
 rt::Op make_experts_gate_up_op(const Context& c) {
-  const Isa isa = c.isa;
-  const int64_t h = c.config->hidden, inter = c.config->moe_intermediate;
-  const size_t pairs = static_cast<size_t>(c.expert_rows);
-  const Grid grid = expert_grid(c, inter);
-  const RoutedBuffers b = c.routed;
-  const std::vector<ExpertWeights>* experts = &c.weights->experts;
+  const ExpertsArgs a = experts_args(c);
+  const Grid grid = expert_grid(c, a.inter);
   rt::Op op{.name = "experts.gate_up", .num_tiles = grid.num_tiles()};
-  op.tile = [=](int tile) {
-    const Grid::Cell cell = grid.cell(tile);
-    RowTile rt_;
-    if (!lookup(b, cell.row_block, &rt_)) return;
-    const ExpertWeights& ew = (*experts)[static_cast<size_t>(rt_.expert)];
-    gate_up_silu(isa, b.xg + rt_.r0 * h, rt_.r1 - rt_.r0, h, ew.gate, ew.up, cell.c0, cell.c1, b.hg + rt_.r0 * inter,
-                 inter);
-  };
+  op.tile = [a, grid](int tile) { gate_up_cell(a, grid, tile); };
   add_plan_reads(op, c);
-  op.accesses.push_back(rt::reads(b.xg, pairs * static_cast<size_t>(h) * 4));
-  op.accesses.push_back(rt::writes(b.hg, pairs * static_cast<size_t>(inter) * 4));
+  op.accesses.push_back(rt::reads(a.xg, max_rows_bytes(c, a.h)));
+  op.accesses.push_back(rt::writes(a.hg, max_rows_bytes(c, a.inter)));
   return op;
 }
 
 rt::Op make_experts_down_op(const Context& c) {
-  const Isa isa = c.isa;
-  const int64_t h = c.config->hidden, inter = c.config->moe_intermediate;
-  const size_t pairs = static_cast<size_t>(c.expert_rows);
-  const Grid grid = expert_grid(c, h);
-  const RoutedBuffers b = c.routed;
-  const std::vector<ExpertWeights>* experts = &c.weights->experts;
+  const ExpertsArgs a = experts_args(c);
+  const Grid grid = expert_grid(c, a.h);
   rt::Op op{.name = "experts.down", .num_tiles = grid.num_tiles()};
-  op.tile = [=](int tile) {
-    const Grid::Cell cell = grid.cell(tile);
-    RowTile rt_;
-    if (!lookup(b, cell.row_block, &rt_)) return;
-    const ExpertWeights& ew = (*experts)[static_cast<size_t>(rt_.expert)];
-    linear(isa, b.hg + rt_.r0 * inter, rt_.r1 - rt_.r0, inter, ew.down, cell.c0, cell.c1, b.og + rt_.r0 * h, h);
+  op.tile = [a, grid](int tile) { down_cell(a, grid, tile); };
+  add_plan_reads(op, c);
+  op.accesses.push_back(rt::reads(a.hg, max_rows_bytes(c, a.inter)));
+  op.accesses.push_back(rt::writes(a.og, max_rows_bytes(c, a.h)));
+  return op;
+}
+
+rt::Op make_experts_op(const Context& c) {
+  const ExpertsArgs a = experts_args(c);
+  const Grid gate_up = expert_grid(c, a.inter), down = expert_grid(c, a.h);
+  const RowChain chain{.row_tiles = gate_up.num_row_blocks, .first_cells = gate_up.num_col_blocks,
+                       .second_cells = down.num_col_blocks, .rows_in_use = a.num_row_tiles,
+                       .progress = c.routed.row_progress};
+  rt::Op op{.name = "experts", .num_tiles = chain.num_tiles()};
+  op.tile = [a, gate_up, down, chain](int tile) {
+    chain.run(tile, [&](int t) { gate_up_cell(a, gate_up, t); }, [&](int t) { down_cell(a, down, t); });
   };
   add_plan_reads(op, c);
-  op.accesses.push_back(rt::reads(b.hg, pairs * static_cast<size_t>(inter) * 4));
-  op.accesses.push_back(rt::writes(b.og, pairs * static_cast<size_t>(h) * 4));
+  op.accesses.push_back(rt::reads(a.xg, max_rows_bytes(c, a.h)));
+  // hg is written and read back inside the operation: declared as written (which orders it as a read too).
+  op.accesses.push_back(rt::writes(a.hg, max_rows_bytes(c, a.inter)));
+  op.accesses.push_back(rt::writes(a.og, max_rows_bytes(c, a.h)));
+  // The progress counters dispatch (or ep.group) zeroed.
+  op.accesses.push_back(rt::updates(chain.progress, static_cast<size_t>(chain.row_tiles) * 2 * 4));
   return op;
 }
 

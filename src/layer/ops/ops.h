@@ -44,6 +44,7 @@ struct RoutedBuffers {
   int32_t* offsets = nullptr;      // [E_l + 1]
   int32_t* row_tiles = nullptr;    // [max_row_tiles, 3]
   int32_t* num_row_tiles = nullptr;  // [1]
+  int32_t* row_progress = nullptr;   // [max_row_tiles, 2] the experts op's progress per row tile (row_chain.h)
   float* xg = nullptr;             // [P, H] gathered rows
   float* hg = nullptr;             // [P, I] silu(gate) * up per grouped row
   float* og = nullptr;             // [P, H] expert outputs per grouped row
@@ -126,6 +127,9 @@ rt::Op make_topk_op(const Context& c);
 rt::Op make_dispatch_op(const Context& c);
 rt::Op make_experts_gate_up_op(const Context& c);
 rt::Op make_experts_down_op(const Context& c);
+// "experts": experts.gate_up and experts.down in one operation chained by row tile (row_chain.h): an
+// expert's down starts once its own gate_up is done, not the whole grid's.
+rt::Op make_experts_op(const Context& c);
 rt::Op make_combine_op(const Context& c);  // writes routed, or y when there is no shared expert
 rt::Op make_shared_gate_op(const Context& c);
 rt::Op make_shared_gate_up_op(const Context& c);
