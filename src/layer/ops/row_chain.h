@@ -51,8 +51,10 @@ struct RowChain {
       run_one();
       return;
     }
-    while (run_one()) {
-    }
+    // Once the row is done (the common case) the counters are only read: no write to their cache line.
+    if (done.load(std::memory_order_acquire) < first_cells)
+      while (run_one()) {
+      }
     for (;;) {
       const int32_t d = done.load(std::memory_order_acquire);
       if (d & kRowFailed) return;
