@@ -21,14 +21,26 @@ namespace {
 
 constexpr int64_t kRows = 5, kFirstCells = 3, kSecondCells = 2;
 
+// The chain over kRows row tiles of kFirstCells then kSecondCells cells, with its counters in `progress`.
+RowChain chain_over(const int32_t* rows_in_use, std::vector<int32_t>& progress) {
+  return {.row_tiles = kRows, .first_cells = kFirstCells, .second_cells = kSecondCells, .rows_in_use = rows_in_use,
+          .progress = progress.data()};
+}
+
+// Launches the chain of first(c) and second(c) cells as one operation named "chained" on `s`.
+template <class First, class Second>
+void launch_chain(rt::Stream& s, const RowChain& chain, First first, Second second) {
+  s.launch({.name = "chained", .num_tiles = chain.num_tiles(),
+            .tile = [chain, first, second](int tile) { chain.run(tile, first, second); }});
+}
+
 TEST(RowChain, AnyTileOrderRunsEachFirstCellOnceBeforeItsRowsSecondCells) {
   const int32_t in_use = 4;  // row tile 4 is past the rows in use: none of its cells runs
   std::vector<int> orders_seen;
   std::mt19937 rng(7);
   for (int order = 0; order < 50; ++order) {
     std::vector<int32_t> progress(kRows * 2, 0);
-    const RowChain chain{.row_tiles = kRows, .first_cells = kFirstCells, .second_cells = kSecondCells,
-                         .rows_in_use = &in_use, .progress = progress.data()};
+    const RowChain chain = chain_over(&in_use, progress);
     std::vector<int> tiles(static_cast<size_t>(chain.num_tiles()));
     std::iota(tiles.begin(), tiles.end(), 0);
     if (order == 1) std::reverse(tiles.begin(), tiles.end());  // every second cell first: it runs its row
@@ -67,23 +79,18 @@ TEST(RowChain, OnTheDeviceTheSecondCellsSeeTheirRowsWrites) {
     std::fill(progress.begin(), progress.end(), 0);
     std::fill(written.begin(), written.end(), 0);
     std::fill(seen.begin(), seen.end(), 0);
-    const RowChain chain{.row_tiles = kRows, .first_cells = kFirstCells, .second_cells = kSecondCells,
-                         .rows_in_use = &in_use, .progress = progress.data()};
-    s.launch({.name = "chained", .num_tiles = chain.num_tiles(), .tile = [&, chain](int tile) {
-                chain.run(
-                    tile,
-                    [&](int c) {
-                      busy(c % 3 == 0 ? 200 : 20);  // a slow cell in each row, so that its second cells wait
-                      written[static_cast<size_t>(c)] = round + 1;
-                    },
-                    [&](int c) {
-                      const int64_t r = c / kSecondCells;
-                      int sum = 0;
-                      for (int64_t f = 0; f < kFirstCells; ++f)
-                        sum += written[static_cast<size_t>(r * kFirstCells + f)];
-                      seen[static_cast<size_t>(c)] = sum;
-                    });
-              }});
+    launch_chain(
+        s, chain_over(&in_use, progress),
+        [&](int c) {
+          busy(c % 3 == 0 ? 200 : 20);  // a slow cell in each row, so that its second cells wait
+          written[static_cast<size_t>(c)] = round + 1;
+        },
+        [&](int c) {
+          const int64_t r = c / kSecondCells;
+          int sum = 0;
+          for (int64_t f = 0; f < kFirstCells; ++f) sum += written[static_cast<size_t>(r * kFirstCells + f)];
+          seen[static_cast<size_t>(c)] = sum;
+        });
     s.synchronize();
     for (int64_t c = 0; c < kRows * kSecondCells; ++c)
       ASSERT_EQ(seen[static_cast<size_t>(c)], kFirstCells * (round + 1)) << "round " << round << " cell " << c;
@@ -96,19 +103,15 @@ TEST(RowChain, AFailingFirstCellFailsTheOperationWithoutAHang) {
   const int32_t in_use = kRows;
   std::vector<int32_t> progress(kRows * 2, 0);
   std::vector<int> second_runs(kRows * kSecondCells, 0);
-  const RowChain chain{.row_tiles = kRows, .first_cells = kFirstCells, .second_cells = kSecondCells,
-                       .rows_in_use = &in_use, .progress = progress.data()};
-  s.launch({.name = "chained", .num_tiles = chain.num_tiles(), .tile = [&, chain](int tile) {
-              chain.run(
-                  tile,
-                  [&](int c) {
-                    // The failing cell is slow: the other worker reaches row 1's second cells and waits for it.
-                    if (c != kFirstCells + 1) return busy(10);
-                    busy(5000);
-                    throw std::runtime_error("cell of row 1 failed");
-                  },
-                  [&](int c) { ++second_runs[static_cast<size_t>(c)]; });
-            }});
+  launch_chain(
+      s, chain_over(&in_use, progress),
+      [](int c) {
+        // The failing cell is slow: the other worker reaches row 1's second cells and waits for it.
+        if (c != kFirstCells + 1) return busy(10);
+        busy(5000);
+        throw std::runtime_error("cell of row 1 failed");
+      },
+      [&](int c) { ++second_runs[static_cast<size_t>(c)]; });
   try {
     s.synchronize();
     FAIL() << "expected a StreamError";

@@ -24,7 +24,8 @@ CpuFeatures detect() {
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
   const int base_family = static_cast<int>((a >> 8) & 0xf), base_model = static_cast<int>((a >> 4) & 0xf);
   f.family = base_family == 0xf ? base_family + static_cast<int>((a >> 20) & 0xff) : base_family;
-  f.model = base_family == 0xf || base_family == 0x6 ? base_model | static_cast<int>((a >> 16) & 0xf) << 4 : base_model;
+  const bool extended_model = base_family == 0xf || base_family == 0x6;
+  f.model = extended_model ? base_model | static_cast<int>((a >> 16) & 0xf) << 4 : base_model;
   const bool osxsave = bit(c, 27), avx = bit(c, 28);
   const uint64_t xcr = osxsave ? xcr0() : 0;
   const bool ymm_state = avx && (xcr & 0x6) == 0x6;      // SSE and AVX registers saved by the OS

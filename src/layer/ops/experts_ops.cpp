@@ -87,28 +87,29 @@ void add_plan_reads(rt::Op& op, const Context& c) {
   op.accesses.push_back(rt::reads(b.row_tiles, static_cast<size_t>(row_tiles * 3) * 4));
 }
 
+// One of the experts' grids: `Cell` on every tile of the grid over out's `out_cols` columns, reading `in`.
+template <void (*Cell)(const ExpertsArgs&, const Grid&, int)>
+rt::Op grid_op(const char* name, const Context& c, const ExpertsArgs& a, const float* in, int64_t in_cols,
+               float* out, int64_t out_cols) {
+  const Grid grid = expert_grid(c, out_cols);
+  rt::Op op{.name = name, .num_tiles = grid.num_tiles()};
+  op.tile = [a, grid](int tile) { Cell(a, grid, tile); };
+  add_plan_reads(op, c);
+  op.accesses.push_back(rt::reads(in, max_rows_bytes(c, in_cols)));
+  op.accesses.push_back(rt::writes(out, max_rows_bytes(c, out_cols)));
+  return op;
+}
+
 }  // namespace
 
 rt::Op make_experts_gate_up_op(const Context& c) {
   const ExpertsArgs a = experts_args(c);
-  const Grid grid = expert_grid(c, a.inter);
-  rt::Op op{.name = "experts.gate_up", .num_tiles = grid.num_tiles()};
-  op.tile = [a, grid](int tile) { gate_up_cell(a, grid, tile); };
-  add_plan_reads(op, c);
-  op.accesses.push_back(rt::reads(a.xg, max_rows_bytes(c, a.h)));
-  op.accesses.push_back(rt::writes(a.hg, max_rows_bytes(c, a.inter)));
-  return op;
+  return grid_op<gate_up_cell>("experts.gate_up", c, a, a.xg, a.h, a.hg, a.inter);
 }
 
 rt::Op make_experts_down_op(const Context& c) {
   const ExpertsArgs a = experts_args(c);
-  const Grid grid = expert_grid(c, a.h);
-  rt::Op op{.name = "experts.down", .num_tiles = grid.num_tiles()};
-  op.tile = [a, grid](int tile) { down_cell(a, grid, tile); };
-  add_plan_reads(op, c);
-  op.accesses.push_back(rt::reads(a.hg, max_rows_bytes(c, a.inter)));
-  op.accesses.push_back(rt::writes(a.og, max_rows_bytes(c, a.h)));
-  return op;
+  return grid_op<down_cell>("experts.down", c, a, a.hg, a.inter, a.og, a.h);
 }
 
 rt::Op make_experts_op(const Context& c) {
