@@ -84,9 +84,8 @@ TEST(ForwardPlan, EveryScheduleLaunchesEveryStepOnceOnItsStream) {
     for (const ForwardStep& st : steps) {
       const bool multi = s == Schedule::kDual || s == Schedule::kPhased;
       const StreamRole where = multi && st.branch == Branch::kShared ? StreamRole::kSide : StreamRole::kMain;
-      // fused runs the shared steps inside its two routed ones; the others run experts.down inside experts.
-      const bool inside = s == Schedule::kFused ? st.branch == Branch::kShared : st.make == nullptr;
-      const int expected = inside ? 0 : 1;
+      // fused runs the shared steps inside the routed experts' one.
+      const int expected = s == Schedule::kFused && st.branch == Branch::kShared ? 0 : 1;
       EXPECT_EQ(count_launches(p, st.name, where), expected) << st.name;
     }
   }
@@ -254,8 +253,8 @@ TEST(LayerErrors, ASharedBranchFailureReachesTheCallerAndTheLayerRecovers) {
   const Target targets[] = {
       {Schedule::kDual, "shared_gate"},    {Schedule::kDual, "shared.gate_up"},   {Schedule::kDual, "shared.act"},
       {Schedule::kDual, "shared.down"},    {Schedule::kPhased, "shared_gate"},    {Schedule::kPhased, "shared.gate_up"},
-      {Schedule::kPhased, "shared.act"},   {Schedule::kPhased, "shared.down"},    {Schedule::kFused, "fused.gate_up"},
-      {Schedule::kFused, "fused.down"},    {Schedule::kSerial, "shared.down"},
+      {Schedule::kPhased, "shared.act"},   {Schedule::kPhased, "shared.down"},    {Schedule::kFused, "fused"},
+      {Schedule::kSerial, "shared.down"},
   };
   for (const Target& t : targets) {
     for (bool graph : {false, true}) {

@@ -5,12 +5,10 @@
 namespace moe {
 
 std::vector<ForwardStep> describe_forward(const MoeConfig& c, bool expert_parallel) {
-  // The routed experts: one operation, gate_up and down chained by row tile; the fused schedule's two
-  // operations run the shared expert's steps beside them, gate_up then down.
-  const ForwardStep gate_up{.name = "experts", .branch = Branch::kRouted, .segment = 2,
-                            .make = ops::make_experts_op, .make_fused = ops::make_fused_gate_up_op};
-  const ForwardStep down{.name = "experts.down", .branch = Branch::kRouted, .segment = 2, .make = nullptr,
-                         .make_fused = ops::make_fused_down_op};
+  // The routed experts: one operation, gate_up and down chained by row tile; the fused schedule's form
+  // also runs the shared expert's steps.
+  const ForwardStep experts{.name = "experts", .branch = Branch::kRouted, .segment = 2,
+                            .make = ops::make_experts_op, .make_fused = ops::make_fused_op};
   std::vector<ForwardStep> s = {
       {.name = "check_input", .branch = Branch::kInput, .make = ops::make_check_input_op, .only_when_checking = true},
       {.name = "router", .branch = Branch::kRouted, .segment = 0, .make = ops::make_router_op},
@@ -20,14 +18,12 @@ std::vector<ForwardStep> describe_forward(const MoeConfig& c, bool expert_parall
     s.push_back({.name = "ep.pack", .branch = Branch::kRouted, .segment = 1, .make = ops::make_ep_pack_op});
     s.push_back({.name = "ep.dispatch", .branch = Branch::kRouted, .segment = 1, .make = ops::make_ep_dispatch_op});
     s.push_back({.name = "ep.group", .branch = Branch::kRouted, .segment = 2, .make = ops::make_ep_group_op});
-    s.push_back(gate_up);
-    s.push_back(down);
+    s.push_back(experts);
     s.push_back({.name = "ep.return", .branch = Branch::kRouted, .segment = 3, .make = ops::make_ep_return_op});
     s.push_back({.name = "ep.combine", .branch = Branch::kRouted, .segment = 3, .make = ops::make_ep_combine_op});
   } else {
     s.push_back({.name = "dispatch", .branch = Branch::kRouted, .segment = 1, .make = ops::make_dispatch_op});
-    s.push_back(gate_up);
-    s.push_back(down);
+    s.push_back(experts);
   }
   s.push_back({.name = "combine", .branch = Branch::kRouted, .segment = 3, .make = ops::make_combine_op});
   if (!c.has_shared_expert()) return s;
@@ -51,7 +47,6 @@ class Placer {
       const ForwardStep& st = p_.steps[i];
       if (st.branch != b || (segment >= 0 && st.segment != segment)) continue;
       const bool fused_form = fused && st.make_fused != nullptr;
-      if (!fused_form && st.make == nullptr) continue;  // runs inside the step before it
       p_.actions.push_back({.kind = PlacedAction::Kind::kLaunch, .stream = s, .step = static_cast<int>(i),
                             .fused = fused_form});
     }

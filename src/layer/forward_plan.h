@@ -10,8 +10,8 @@
 //   dual:   fork after the input; the whole shared branch on the side stream; join before the sum;
 //   phased: the shared steps of segment s start after the routed path reaches segment s (a wait on an event
 //           recorded on main as it gets there): 1 = top-k and dispatch, 2 = expert compute, 3 = combine;
-//   fused:  one stream; the routed expert steps run in their fused form, which also computes the shared
-//           branch's steps (ops.h: fused.gate_up, fused.down), so those are not placed on their own.
+//   fused:  one stream; the routed experts' step runs in its fused form, which also computes the shared
+//           branch's steps (ops.h: fused), so those are not placed on their own.
 //
 // The schedules' invariants, which the sanitizer and the schedule fuzzer check (and check/planted_faults.h
 // shows they catch the breaking of each): the side stream starts after the input and the workspaces' hand-over
@@ -41,8 +41,8 @@ struct ForwardStep {
   // Routed: 0 router, 1 top-k and dispatch, 2 expert compute, 3 combine. Shared: the routed segment it is
   // meant to overlap (1-3). Input and join: 0.
   int segment = 0;
-  OpMaker make = nullptr;  // null: the plain form runs inside the step before it (experts.down in experts)
-  OpMaker make_fused = nullptr;  // routed expert steps: the fused schedule's form (also runs the shared steps)
+  OpMaker make = nullptr;        // the step's operation
+  OpMaker make_fused = nullptr;  // the routed experts' step: the fused schedule's form (also runs the shared steps)
   bool only_when_checking = false;  // check_input: placed always, launched when ForwardOptions::check_input
 };
 

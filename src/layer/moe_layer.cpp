@@ -41,6 +41,7 @@ ops::RoutedBuffers carve_routed(Carver& cv, const MoeConfig& c, int64_t local_ex
   b.row_tiles = cv.take<int32_t>(max_row_tiles(rows, local_experts) * 3);
   b.num_row_tiles = cv.take<int32_t>(1);
   b.row_progress = cv.take<int32_t>(max_row_tiles(rows, local_experts) * 2);
+  b.shared_progress = cv.take<int32_t>(ops::shared_chain_counters(c, t));
   b.xg = cv.take<float>(rows * c.hidden);
   b.hg = cv.take<float>(rows * c.moe_intermediate);
   b.og = cv.take<float>(rows * c.hidden);

@@ -82,7 +82,7 @@ inline Access updates(const void* p, size_t bytes) { return {p, bytes, AccessMod
 // its tile function's captures fit kTileInlineBytes and it declares at most kInlineAccesses ranges: a
 // serving loop's eager calls stay off the heap (graph replays never touch it).
 inline constexpr size_t kTileInlineBytes = 256;
-inline constexpr size_t kInlineAccesses = 10;  // dispatch and ep.group declare 9
+inline constexpr size_t kInlineAccesses = 13;  // the fused schedule's one operation declares 13
 using TileFunction = SmallFunction<void(int tile), kTileInlineBytes>;
 using AccessList = SmallVector<Access, kInlineAccesses>;
 

@@ -1,5 +1,5 @@
-// "experts.gate_up" and "experts.down": the routed experts' SwiGLU over the grouped rows; "experts", the two
-// chained by row tile (row_chain.h), as the unfused schedules run them.
+// "experts": the routed experts' SwiGLU over the grouped rows, gate_up (with its act) and down, two grids
+// chained by row tile (row_chain.h) in one operation.
 //
 // The grid is (row tile, column block) with row tiles sized for the worst case (max_row_tiles); each tile
 // looks up its (expert, row0, row1) in the table dispatch wrote and returns at once past its end, so an
@@ -80,49 +80,21 @@ Grid expert_grid(const Context& c, int64_t cols) {
 
 size_t max_rows_bytes(const Context& c, int64_t cols) { return static_cast<size_t>(c.expert_rows * cols) * 4; }
 
-void add_plan_reads(rt::Op& op, const Context& c) {
-  const RoutedBuffers& b = c.routed;
-  const int64_t row_tiles = max_row_tiles(c.expert_rows, c.weights->num_local_experts());
-  op.accesses.push_back(rt::reads(b.num_row_tiles, 4));
-  op.accesses.push_back(rt::reads(b.row_tiles, static_cast<size_t>(row_tiles * 3) * 4));
-}
-
-// One of the experts' grids: `Cell` on every tile of the grid over out's `out_cols` columns, reading `in`.
-template <void (*Cell)(const ExpertsArgs&, const Grid&, int)>
-rt::Op grid_op(const char* name, const Context& c, const ExpertsArgs& a, const float* in, int64_t in_cols,
-               float* out, int64_t out_cols) {
-  const Grid grid = expert_grid(c, out_cols);
-  rt::Op op{.name = name, .num_tiles = grid.num_tiles()};
-  op.tile = [a, grid](int tile) { Cell(a, grid, tile); };
-  add_plan_reads(op, c);
-  op.accesses.push_back(rt::reads(in, max_rows_bytes(c, in_cols)));
-  op.accesses.push_back(rt::writes(out, max_rows_bytes(c, out_cols)));
-  return op;
-}
-
 }  // namespace
 
-rt::Op make_experts_gate_up_op(const Context& c) {
-  const ExpertsArgs a = experts_args(c);
-  return grid_op<gate_up_cell>("experts.gate_up", c, a, a.xg, a.h, a.hg, a.inter);
-}
-
-rt::Op make_experts_down_op(const Context& c) {
-  const ExpertsArgs a = experts_args(c);
-  return grid_op<down_cell>("experts.down", c, a, a.hg, a.inter, a.og, a.h);
-}
-
-rt::Op make_experts_op(const Context& c) {
+rt::Op make_experts_op(const Context& c, int* first_tiles) {
   const ExpertsArgs a = experts_args(c);
   const Grid gate_up = expert_grid(c, a.inter), down = expert_grid(c, a.h);
   const RowChain chain{.row_tiles = gate_up.num_row_blocks, .first_cells = gate_up.num_col_blocks,
                        .second_cells = down.num_col_blocks, .rows_in_use = a.num_row_tiles,
                        .progress = c.routed.row_progress};
+  if (first_tiles != nullptr) *first_tiles = chain.first_tiles();
   rt::Op op{.name = "experts", .num_tiles = chain.num_tiles()};
   op.tile = [a, gate_up, down, chain](int tile) {
     chain.run(tile, [&](int t) { gate_up_cell(a, gate_up, t); }, [&](int t) { down_cell(a, down, t); });
   };
-  add_plan_reads(op, c);
+  op.accesses.push_back(rt::reads(a.num_row_tiles, 4));
+  op.accesses.push_back(rt::reads(a.row_tiles, static_cast<size_t>(chain.row_tiles * 3) * 4));
   op.accesses.push_back(rt::reads(a.xg, max_rows_bytes(c, a.h)));
   // hg is written and read back inside the operation: declared as written (which orders it as a read too).
   op.accesses.push_back(rt::writes(a.hg, max_rows_bytes(c, a.inter)));

@@ -1,11 +1,10 @@
 // The layer's operations: each builds one rt::Op (a grid of tiles plus the buffers it reads and writes) for
 // one forward call. Names, as the trace shows them:
-//   routed path (main stream): router, topk, dispatch, experts.gate_up, experts.down, combine
+//   routed path (main stream): router, topk, dispatch, experts (gate_up chained with down), combine
 //   shared branch:             shared_gate, shared.gate_up, shared.act, shared.down
 //   join:                      sum
 //   optional:                  check_input
-//   fused schedule:            fused.gate_up (shared_gate + shared gate_up with its act + experts.gate_up),
-//                              fused.down (shared down + experts.down), each one operation
+//   fused schedule:            fused (shared_gate, the shared expert and the routed experts, one operation)
 // An op's tile count is fixed when it is enqueued, before routing is known (and graph mode captures it once),
 // so the expert grids are sized for the worst case and surplus tiles return at once. Tiles cut output rows and
 // columns, never a reduction, so every output element is computed by exactly one tile in a fixed order
@@ -45,6 +44,10 @@ struct RoutedBuffers {
   int32_t* row_tiles = nullptr;    // [max_row_tiles, 3]
   int32_t* num_row_tiles = nullptr;  // [1]
   int32_t* row_progress = nullptr;   // [max_row_tiles, 2] the experts op's progress per row tile (row_chain.h)
+  // [shared_row_tiles(T), 2] the fused schedule's shared expert chain's progress (make_shared_chain_op).
+  // Here, not in SharedBuffers: the op that zeroes row_progress zeroes it too, on the main stream that runs
+  // the fused operation (its own counters are zeroed the same way).
+  int32_t* shared_progress = nullptr;
   float* xg = nullptr;             // [P, H] gathered rows
   float* hg = nullptr;             // [P, I] silu(gate) * up per grouped row
   float* og = nullptr;             // [P, H] expert outputs per grouped row
@@ -125,11 +128,11 @@ rt::Op make_check_input_op(const Context& c);
 rt::Op make_router_op(const Context& c);
 rt::Op make_topk_op(const Context& c);
 rt::Op make_dispatch_op(const Context& c);
-rt::Op make_experts_gate_up_op(const Context& c);
-rt::Op make_experts_down_op(const Context& c);
-// "experts": experts.gate_up and experts.down in one operation chained by row tile (row_chain.h): an
-// expert's down starts once its own gate_up is done, not the whole grid's.
-rt::Op make_experts_op(const Context& c);
+// "experts": the routed experts' gate_up and down grids in one operation chained by row tile (row_chain.h): an
+// expert's down starts once its own gate_up is done, not the whole grid's. Tiles [0, *first_tiles) are
+// gate_up's, the rest down's.
+rt::Op make_experts_op(const Context& c, int* first_tiles);
+inline rt::Op make_experts_op(const Context& c) { return make_experts_op(c, nullptr); }
 rt::Op make_combine_op(const Context& c);  // writes routed, or y when there is no shared expert
 rt::Op make_shared_gate_op(const Context& c);
 rt::Op make_shared_gate_up_op(const Context& c);
@@ -137,14 +140,17 @@ rt::Op make_shared_act_op(const Context& c);
 rt::Op make_shared_down_op(const Context& c);
 rt::Op make_sum_op(const Context& c);  // y = routed + gate * shared (gate = 1 when ungated)
 
-// The shared expert's gate_up with SiLU-and-multiply on each tile's own cells, writing h directly (the
-// fused schedule; the same arithmetic as gate_up followed by act, through gate_up_silu).
-rt::Op make_shared_gate_up_act_op(const Context& c);
-// One operation running the tiles of `parts` in order (tile t of the result is tile t - offset of its
-// part) and declaring all their accesses: for parts that are independent of one another.
-rt::Op concat_ops(std::string name, std::vector<rt::Op> parts);
-rt::Op make_fused_gate_up_op(const Context& c);
-rt::Op make_fused_down_op(const Context& c);
+// "shared": the shared expert's gate_up with SiLU-and-multiply on each cell (gate_up_silu: the same bits
+// as gate_up followed by act) chained with down per token tile (row_chain.h), counters in
+// RoutedBuffers::shared_progress. Only inside the fused operation: the unfused schedules keep the steps.
+// Tiles [0, *first_tiles) are gate_up's, the rest down's.
+rt::Op make_shared_chain_op(const Context& c, int* first_tiles);
+// The int32 counters of that chain for `tokens` (two per token tile; none without a shared expert): the
+// length of RoutedBuffers::shared_progress, and what dispatch and ep.group zero of it.
+int64_t shared_chain_counters(const MoeConfig& config, int64_t tokens);
+// "fused": shared_gate (Qwen), the shared expert's chain and the routed experts' as one operation
+// (fused_ops.cpp).
+rt::Op make_fused_op(const Context& c);
 
 // Expert parallelism (layer/ops/ep_ops.cpp), replacing "dispatch" and reading the rows "combine" sums from
 // ret_rows: ep.pack (rows to each owner), ep.dispatch (exchange), ep.group (received rows by local expert),

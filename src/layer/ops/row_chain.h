@@ -22,9 +22,10 @@ namespace moe::ops {
 
 struct RowChain {
   int64_t row_tiles = 0, first_cells = 1, second_cells = 1;  // cells per row tile of each grid
-  const int32_t* rows_in_use = nullptr;  // row tiles from *rows_in_use on are skipped
+  const int32_t* rows_in_use = nullptr;  // row tiles from *rows_in_use on are skipped (null: none is)
   int32_t* progress = nullptr;           // [row_tiles, 2], zero for the row tiles in use when the op starts
 
+  int first_tiles() const { return static_cast<int>(row_tiles * first_cells); }
   int num_tiles() const { return static_cast<int>(row_tiles * (first_cells + second_cells)); }
 
   // Tile `tile` of the chained operation: first(t) and second(t) run tile t of their own grid (cell t % cells
@@ -33,7 +34,7 @@ struct RowChain {
   void run(int tile, First&& first, Second&& second) const {
     const int64_t n1 = row_tiles * first_cells;
     const int64_t r = tile < n1 ? tile / first_cells : (tile - n1) / second_cells;
-    if (r >= *rows_in_use) return;
+    if (rows_in_use != nullptr && r >= *rows_in_use) return;
     std::atomic_ref<int32_t> claimed(progress[2 * r]), done(progress[2 * r + 1]);
     const auto run_one = [&] {  // the row's next unclaimed cell of the first grid; false when none was left
       const int32_t cell = claimed.fetch_add(1, std::memory_order_relaxed);

@@ -3,13 +3,15 @@
 //   "shared.gate_up"  g = x gate_proj^T, u = x up_proj^T   [T, Is] each
 //   "shared.act"      h = silu(g) * u
 //   "shared.down"     out = h down_proj^T                   [T, H]
-//   "shared.swiglu"   gate_up and act in one (the fused schedule), bitwise the same h
+//   "shared"          the fused schedule's: gate_up with act on each cell (bitwise the same h) chained with
+//                     down per token tile (row_chain.h), one operation
 // The gate scaling is applied by "sum", so every schedule runs the same arithmetic. Names stay within
 // std::string's 15 in-place characters, so building an operation allocates nothing.
 #include <algorithm>
 
 #include "kernels/linear.h"
 #include "layer/ops/ops.h"
+#include "layer/ops/row_chain.h"
 
 namespace moe::ops {
 
@@ -41,42 +43,62 @@ rt::Op make_shared_gate_op(const Context& c) {
 }
 
 namespace {
-// g and u (act = false), or h = silu(g) * u per tile through gate_up_silu (act = true): the same bits.
-rt::Op shared_gate_up(const Context& c, bool act) {
-  const Isa isa = c.isa;
-  const int64_t t = c.tokens, h = c.config->hidden, is = c.config->shared_intermediate;
-  const Grid grid = token_grid(c, is);
-  // The gate and up views, not the whole ExpertWeights: the tile must stay within SmallFunction's
-  // in-place buffer (a tile stored on the heap costs an allocation per call; test_layer_alloc).
-  const WeightView gate = c.weights->shared.gate, up = c.weights->shared.up;
-  const float* x = c.x;
-  const SharedBuffers b = c.shared;
-  rt::Op op{.name = act ? "shared.swiglu" : "shared.gate_up", .num_tiles = grid.num_tiles()};
-  op.tile = [=](int tile) {
-    const Grid::Cell cell = grid.cell(tile);
-    if (cell.r0 >= cell.r1) return;
-    const float* xr = x + cell.r0 * h;
-    if (act) {
-      gate_up_silu(isa, xr, cell.r1 - cell.r0, h, gate, up, cell.c0, cell.c1, b.h + cell.r0 * is, is);
-      return;
-    }
-    linear(isa, xr, cell.r1 - cell.r0, h, gate, cell.c0, cell.c1, b.g + cell.r0 * is, is);
-    linear(isa, xr, cell.r1 - cell.r0, h, up, cell.c0, cell.c1, b.u + cell.r0 * is, is);
-  };
-  const size_t hidden_bytes = static_cast<size_t>(t * is) * 4;
-  op.accesses = {rt::reads(x, static_cast<size_t>(t * h) * 4)};
-  if (act) {
-    op.accesses.push_back(rt::writes(b.h, hidden_bytes));
-  } else {
-    op.accesses.push_back(rt::writes(b.g, hidden_bytes));
-    op.accesses.push_back(rt::writes(b.u, hidden_bytes));
-  }
-  return op;
+// What the gate_up and down tiles read and write: the weights by pointer, so that a tile (and the chained
+// operation's, two grids more) stays within SmallFunction's in-place buffer (a tile stored on the heap
+// costs an allocation per call; test_layer_alloc).
+struct SharedArgs {
+  Isa isa;
+  int64_t h, is;
+  const ExpertWeights* w;
+  const float* x;
+  SharedBuffers b;
+};
+
+SharedArgs shared_args(const Context& c) {
+  return {c.isa, c.config->hidden, c.config->shared_intermediate, &c.weights->shared, c.x, c.shared};
 }
+
+// g and u of a cell of the [T, Is] grid.
+void gate_up_cell(const SharedArgs& a, const Grid& grid, int tile) {
+  const Grid::Cell cell = grid.cell(tile);
+  if (cell.r0 >= cell.r1) return;
+  const float* xr = a.x + cell.r0 * a.h;
+  linear(a.isa, xr, cell.r1 - cell.r0, a.h, a.w->gate, cell.c0, cell.c1, a.b.g + cell.r0 * a.is, a.is);
+  linear(a.isa, xr, cell.r1 - cell.r0, a.h, a.w->up, cell.c0, cell.c1, a.b.u + cell.r0 * a.is, a.is);
+}
+
+// h = silu(g) * u of a cell through gate_up_silu: the same bits as gate_up_cell followed by "act".
+void swiglu_cell(const SharedArgs& a, const Grid& grid, int tile) {
+  const Grid::Cell cell = grid.cell(tile);
+  if (cell.r0 >= cell.r1) return;
+  gate_up_silu(a.isa, a.x + cell.r0 * a.h, cell.r1 - cell.r0, a.h, a.w->gate, a.w->up, cell.c0, cell.c1,
+               a.b.h + cell.r0 * a.is, a.is);
+}
+
+// out = h down_proj^T of a cell of the [T, H] grid.
+void down_cell(const SharedArgs& a, const Grid& grid, int tile) {
+  const Grid::Cell cell = grid.cell(tile);
+  if (cell.r0 >= cell.r1) return;
+  linear(a.isa, a.b.h + cell.r0 * a.is, cell.r1 - cell.r0, a.is, a.w->down, cell.c0, cell.c1,
+         a.b.out + cell.r0 * a.h, a.h);
+}
+
+size_t rows_bytes(const Context& c, int64_t cols) { return static_cast<size_t>(c.tokens * cols) * 4; }
 }  // namespace
 
-rt::Op make_shared_gate_up_op(const Context& c) { return shared_gate_up(c, false); }
-rt::Op make_shared_gate_up_act_op(const Context& c) { return shared_gate_up(c, true); }
+int64_t shared_chain_counters(const MoeConfig& config, int64_t tokens) {
+  return config.has_shared_expert() ? 2 * ((tokens + kTokensPerTile - 1) / kTokensPerTile) : 0;
+}
+
+rt::Op make_shared_gate_up_op(const Context& c) {
+  const SharedArgs a = shared_args(c);
+  const Grid grid = token_grid(c, a.is);
+  rt::Op op{.name = "shared.gate_up", .num_tiles = grid.num_tiles()};
+  op.tile = [a, grid](int tile) { gate_up_cell(a, grid, tile); };
+  op.accesses = {rt::reads(a.x, rows_bytes(c, a.h)), rt::writes(a.b.g, rows_bytes(c, a.is)),
+                 rt::writes(a.b.u, rows_bytes(c, a.is))};
+  return op;
+}
 
 rt::Op make_shared_act_op(const Context& c) {
   const Isa isa = c.isa;
@@ -93,18 +115,28 @@ rt::Op make_shared_act_op(const Context& c) {
 }
 
 rt::Op make_shared_down_op(const Context& c) {
-  const Isa isa = c.isa;
-  const int64_t t = c.tokens, h = c.config->hidden, is = c.config->shared_intermediate;
-  const Grid grid = token_grid(c, h);
-  const WeightView w = c.weights->shared.down;
-  const SharedBuffers b = c.shared;
+  const SharedArgs a = shared_args(c);
+  const Grid grid = token_grid(c, a.h);
   rt::Op op{.name = "shared.down", .num_tiles = grid.num_tiles()};
-  op.tile = [=](int tile) {
-    const Grid::Cell cell = grid.cell(tile);
-    if (cell.r0 >= cell.r1) return;
-    linear(isa, b.h + cell.r0 * is, cell.r1 - cell.r0, is, w, cell.c0, cell.c1, b.out + cell.r0 * h, h);
+  op.tile = [a, grid](int tile) { down_cell(a, grid, tile); };
+  op.accesses = {rt::reads(a.b.h, rows_bytes(c, a.is)), rt::writes(a.b.out, rows_bytes(c, a.h))};
+  return op;
+}
+
+rt::Op make_shared_chain_op(const Context& c, int* first_tiles) {
+  const SharedArgs a = shared_args(c);
+  const Grid swiglu = token_grid(c, a.is), down = token_grid(c, a.h);
+  const RowChain chain{.row_tiles = swiglu.num_row_blocks, .first_cells = swiglu.num_col_blocks,
+                       .second_cells = down.num_col_blocks, .progress = c.routed.shared_progress};
+  if (first_tiles != nullptr) *first_tiles = chain.first_tiles();
+  rt::Op op{.name = "shared", .num_tiles = chain.num_tiles()};
+  op.tile = [a, swiglu, down, chain](int tile) {
+    chain.run(tile, [&](int t) { swiglu_cell(a, swiglu, t); }, [&](int t) { down_cell(a, down, t); });
   };
-  op.accesses = {rt::reads(b.h, static_cast<size_t>(t * is) * 4), rt::writes(b.out, static_cast<size_t>(t * h) * 4)};
+  // h is written and read back inside the operation: declared as written (which orders it as a read too).
+  op.accesses = {rt::reads(a.x, rows_bytes(c, a.h)), rt::writes(a.b.h, rows_bytes(c, a.is)),
+                 rt::writes(a.b.out, rows_bytes(c, a.h)),
+                 rt::updates(chain.progress, static_cast<size_t>(chain.row_tiles) * 2 * 4)};
   return op;
 }
 
