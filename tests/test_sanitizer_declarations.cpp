@@ -131,6 +131,8 @@ TEST_F(DeclarationTest, CorrectOpsPassAndComputeTheSame) {
                },
                .accesses = {reads(a, n * sizeof(float)), writes(b + n / 2, n / 2 * sizeof(float))}});
   main.launch({.name = "poll_only", .num_tiles = 0, .poll = [] { return true; }});
+  // An empty declared write (a buffer this configuration lacks) writes and restores nothing.
+  main.launch({.name = "empty_write", .num_tiles = 1, .tile = [](int) {}, .accesses = {writes(a, 0)}});
   EXPECT_NO_THROW(main.synchronize());
   EXPECT_TRUE(chk->violations().empty());
   EXPECT_NO_THROW(chk->verify_guards());

@@ -15,9 +15,14 @@ struct DeclarationChecker::Snapshot {
 
 namespace {
 
+// A declared write of at least one byte. An empty one (a buffer some configurations do not have, such as
+// the fused schedule's shared-expert counters in a layer without a shared expert) has nothing to save or
+// restore, and memcpy must not be handed its empty copy's null data.
+bool writes_bytes(const Access& a) { return a.mode != AccessMode::kRead && a.ptr != nullptr && a.bytes > 0; }
+
 bool declared_write(const AccessList& declared, const unsigned char* p) {
   for (const Access& a : declared) {
-    if (a.mode == AccessMode::kRead || a.ptr == nullptr) continue;
+    if (!writes_bytes(a)) continue;
     auto* b = static_cast<const unsigned char*>(a.ptr);
     if (p >= b && p < b + a.bytes) return true;
   }
@@ -129,7 +134,7 @@ namespace {
 std::vector<std::vector<unsigned char>> written_bytes(const AccessList& declared) {
   std::vector<std::vector<unsigned char>> out;
   for (const Access& a : declared) {
-    if (a.mode == AccessMode::kRead || a.ptr == nullptr) continue;
+    if (!writes_bytes(a)) continue;
     auto* b = static_cast<const unsigned char*>(a.ptr);
     out.emplace_back(b, b + a.bytes);
   }
@@ -139,7 +144,7 @@ std::vector<std::vector<unsigned char>> written_bytes(const AccessList& declared
 void restore_written(const AccessList& declared, const std::vector<std::vector<unsigned char>>& saved) {
   size_t i = 0;
   for (const Access& a : declared) {
-    if (a.mode == AccessMode::kRead || a.ptr == nullptr) continue;
+    if (!writes_bytes(a)) continue;
     std::memcpy(const_cast<void*>(a.ptr), saved[i++].data(), a.bytes);  // a declared write: ours to restore
   }
 }
