@@ -1,7 +1,8 @@
 // RowChain: two grids over the same row tiles run as one operation, without a barrier between them.
 //
 // The second grid's cells of row tile r read what all of the first's cells of r wrote (the routed experts:
-// down reads the whole silu(gate) * up row of its expert). As two operations a worker that ends its share of
+// down reads the whole silu(gate) * up row of its expert; the fused schedule's shared expert: down reads
+// its token tile's whole h). As two operations a worker that ends its share of
 // the first waits at the barrier for the other workers' last cells (at one decode token, one expert's gate_up
 // each); chained, it goes on to the second's cells of the rows already done.
 //
