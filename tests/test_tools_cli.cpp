@@ -245,6 +245,18 @@ TEST_F(Cli, BenchComparesEachCallWithItsSweep) {
   }
   for (const auto& b : j["results"])
     EXPECT_NEAR(b["read_gbps"].get<double>(), median(sweeps[b["tokens"].get<int64_t>()]), 1e-9) << b.dump();
+  // vs_serial pairs the calls of one repetition (the same input): the median of serial's call over dual's.
+  for (size_t i = 0; i + 1 < j["results"].size(); i += 2) {
+    const auto& serial = j["results"][i];
+    const auto& dual = j["results"][i + 1];
+    ASSERT_EQ(serial["schedule"].get<std::string>(), "serial");
+    ASSERT_EQ(dual["schedule"].get<std::string>(), "dual");
+    EXPECT_EQ(serial["speedup_vs_serial"].get<double>(), 1.0);
+    std::vector<double> ratio;
+    for (size_t k = 0; k < 3; ++k)
+      ratio.push_back(serial["calls"][k]["us"].get<double>() / dual["calls"][k]["us"].get<double>());
+    EXPECT_EQ(dual["speedup_vs_serial"].get<double>(), median(ratio)) << dual.dump();
+  }
   // of_best: GB/s over the best read of the run, which is at least the start probe and every listed sweep.
   EXPECT_EQ(j["machine"]["read_isa"].get<std::string>(), loop);
   const std::string pattern = j["machine"]["read_pattern"].get<std::string>();
