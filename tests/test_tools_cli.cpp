@@ -245,17 +245,25 @@ TEST_F(Cli, BenchComparesEachCallWithItsSweep) {
   }
   for (const auto& b : j["results"])
     EXPECT_NEAR(b["read_gbps"].get<double>(), median(sweeps[b["tokens"].get<int64_t>()]), 1e-9) << b.dump();
-  // vs_serial pairs the calls of one repetition (the same input): the median of serial's call over dual's.
+  // vs_serial and hidden pair the calls of one repetition (the same input): the medians of serial's call
+  // over dual's, and of serial's minus dual's (over the shared expert's own time).
   for (size_t i = 0; i + 1 < j["results"].size(); i += 2) {
     const auto& serial = j["results"][i];
     const auto& dual = j["results"][i + 1];
     ASSERT_EQ(serial["schedule"].get<std::string>(), "serial");
     ASSERT_EQ(dual["schedule"].get<std::string>(), "dual");
     EXPECT_EQ(serial["speedup_vs_serial"].get<double>(), 1.0);
-    std::vector<double> ratio;
-    for (size_t k = 0; k < 3; ++k)
-      ratio.push_back(serial["calls"][k]["us"].get<double>() / dual["calls"][k]["us"].get<double>());
+    std::vector<double> ratio, saved;
+    for (size_t k = 0; k < 3; ++k) {
+      const double a = serial["calls"][k]["us"].get<double>(), b = dual["calls"][k]["us"].get<double>();
+      ratio.push_back(a / b);
+      saved.push_back(a - b);
+    }
     EXPECT_EQ(dual["speedup_vs_serial"].get<double>(), median(ratio)) << dual.dump();
+    const double shared = dual["shared_alone_us"].get<double>();
+    ASSERT_GT(shared, 0.0) << dual.dump();
+    EXPECT_NEAR(dual["hidden_fraction"].get<double>(), median(saved) / shared, 1e-12) << dual.dump();
+    EXPECT_EQ(serial["hidden_fraction"].get<double>(), 0.0);
   }
   // of_best: GB/s over the best read of the run, which is at least the start probe and every listed sweep.
   EXPECT_EQ(j["machine"]["read_isa"].get<std::string>(), loop);

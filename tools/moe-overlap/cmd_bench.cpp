@@ -203,17 +203,24 @@ struct Samples {
   }
 };
 
-// The median over the repetitions of serial's call over this schedule's call in the same repetition (the
-// same input, moments apart): paired, the ratio does not move with the input's work, which varies several
-// times over where a rank holds a share of the experts (DeepSeek-V3 with 64 of 256: 0-4 local experts per
-// token), nor with the memory's mode between repetitions. Unpaired medians of such calls measured the
-// routed experts' chain 1.9-2.1% slower in three runs of five where the paired ratio had it 0.8% faster
-// (docs/benchmarking.md).
-double paired_speedup(const Samples& serial, const Samples& s) {
-  std::vector<double> ratio;
-  for (size_t r = 0; r < std::min(serial.calls.size(), s.calls.size()); ++r)
-    if (serial.calls[r].us > 0 && s.calls[r].us > 0) ratio.push_back(serial.calls[r].us / s.calls[r].us);
-  return ratio.empty() ? 0 : quantile(ratio, 0.5);
+// A schedule against serial, call by call: the medians over the repetitions of serial's call over this
+// schedule's call in the same repetition, and of the time it saved. Paired (the same input, moments apart),
+// they do not move with the input's work, which varies several times over where a rank holds a share of
+// the experts (DeepSeek-V3 with 64 of 256: 0-4 local experts per token), nor with the memory's mode
+// between repetitions. Unpaired medians of such calls measured the routed experts' chain 1.9-2.1% slower
+// in three runs of five where the paired ratio had it 0.8% faster (docs/benchmarking.md).
+struct VsSerial {
+  double speedup = 0, saved_us = 0;
+};
+VsSerial paired_with_serial(const Samples& serial, const Samples& s) {
+  std::vector<double> ratio, saved;
+  for (size_t r = 0; r < std::min(serial.calls.size(), s.calls.size()); ++r) {
+    if (serial.calls[r].us <= 0 || s.calls[r].us <= 0) continue;
+    ratio.push_back(serial.calls[r].us / s.calls[r].us);
+    saved.push_back(serial.calls[r].us - s.calls[r].us);
+  }
+  if (ratio.empty()) return {};
+  return {quantile(ratio, 0.5), quantile(saved, 0.5)};
 }
 
 // The shared branch's own time: the union of its operations in traced serial forwards, median.
@@ -383,10 +390,9 @@ void run_bench(const BenchOptions& o) {
     size_t serial_si = variants.size();  // the last eager serial variant (a serial,serial A/B compares with it)
     for (size_t si = 0; si < variants.size(); ++si)
       if (variants[si].schedule == Schedule::kSerial && !variants[si].graph) serial_si = si;
-    const double serial_us = serial_si < variants.size() ? quantile(samples[serial_si].us(), 0.5) : 0;
-    std::vector<double> speedup(variants.size(), 0.0);
+    std::vector<VsSerial> vs_serial(variants.size());
     for (size_t si = 0; si < variants.size() && serial_si < variants.size(); ++si)
-      speedup[si] = paired_speedup(samples[serial_si], samples[si]);
+      vs_serial[si] = paired_with_serial(samples[serial_si], samples[si]);
     for (size_t si = 0; si < variants.size(); ++si) {
       BenchResult b;
       b.schedule = variants[si].name();
@@ -411,9 +417,9 @@ void run_bench(const BenchOptions& o) {
       b.gflops = b.median_us > 0 ? med_flops / (b.median_us * 1e3) : 0;
       const double peak = report.machine.kernel_peak_gflops(m.dtype);
       b.peak_fraction = peak > 0 ? b.gflops / peak : 0;
-      b.speedup_vs_serial = speedup[si];
+      b.speedup_vs_serial = vs_serial[si].speedup;
       b.shared_alone_us = shared_us;
-      b.hidden_fraction = shared_us > 0 && serial_us > 0 ? (serial_us - b.median_us) / shared_us : 0;
+      b.hidden_fraction = shared_us > 0 ? vs_serial[si].saved_us / shared_us : 0;
       b.calls = std::move(samples[si].calls);
       report.results.push_back(std::move(b));
     }
