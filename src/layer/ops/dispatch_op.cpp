@@ -19,11 +19,10 @@ rt::Op make_dispatch_op(const Context& c) {
                  .num_row_tiles = b.num_row_tiles, .row_progress = b.row_progress, .xg = b.xg};
   const int num_tiles =
       static_cast<int>(std::clamp<int64_t>((t + kTokensPerTile - 1) / kTokensPerTile, 1, kMaxDispatchTiles));
-  int32_t* const shared_progress = b.shared_progress;
-  const int64_t counters = shared_chain_counters(*c.config, t);
+  const SharedChainReset reset_shared_chain = shared_chain_reset(c);
   rt::Op op{.name = "dispatch", .num_tiles = num_tiles};
-  op.tile = [a, num_tiles, shared_progress, counters](int tile) {
-    if (tile == 0) std::fill(shared_progress, shared_progress + counters, 0);  // the fused op's shared chain
+  op.tile = [a, num_tiles, reset_shared_chain](int tile) {
+    if (tile == 0) reset_shared_chain();
     dispatch_tile(a, tile, num_tiles);
   };
   const size_t p = static_cast<size_t>(t * k);
@@ -35,7 +34,7 @@ rt::Op make_dispatch_op(const Context& c) {
                  rt::writes(b.row_tiles, static_cast<size_t>(max_row_tiles(t * k, el) * 3) * 4),
                  rt::writes(b.num_row_tiles, 4),
                  rt::writes(b.row_progress, static_cast<size_t>(max_row_tiles(t * k, el) * 2) * 4),
-                 rt::writes(shared_progress, static_cast<size_t>(counters) * 4),
+                 reset_shared_chain.access(),
                  rt::writes(b.xg, p * static_cast<size_t>(h) * 4)};
   return op;
 }

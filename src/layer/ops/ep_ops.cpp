@@ -146,10 +146,10 @@ rt::Op make_ep_group_op(const Context& c) {
   const int64_t el = c.weights->num_local_experts(), cap = e.capacity;
   const size_t rb = row_bytes(c);
   const int64_t max_rows = c.expert_rows;
-  const int64_t counters = shared_chain_counters(*c.config, c.tokens);
+  const SharedChainReset reset_shared_chain = shared_chain_reset(c);
   rt::Op op{.name = "ep.group", .num_tiles = 1};
   op.tile = [=](int) {
-    std::fill(b.shared_progress, b.shared_progress + counters, 0);  // the fused op's shared chain
+    reset_shared_chain();
     int32_t* cursor = e.group_cursor;
     std::fill(cursor, cursor + el, 0);
     for (int q = 0; q < e.ranks; ++q) {
@@ -187,7 +187,7 @@ rt::Op make_ep_group_op(const Context& c) {
                  rt::writes(b.row_tiles, static_cast<size_t>(max_row_tiles(max_rows, el) * 3) * 4),
                  rt::writes(b.num_row_tiles, 4),
                  rt::writes(b.row_progress, static_cast<size_t>(max_row_tiles(max_rows, el) * 2) * 4),
-                 rt::writes(b.shared_progress, static_cast<size_t>(counters) * 4),
+                 reset_shared_chain.access(),
                  rt::writes(b.xg, static_cast<size_t>(max_rows) * rb)};
   return op;
 }

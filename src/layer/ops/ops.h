@@ -19,6 +19,7 @@
 // whenever the OS hands the weights addresses a freed workspace once had.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -146,8 +147,17 @@ rt::Op make_sum_op(const Context& c);  // y = routed + gate * shared (gate = 1 w
 // Tiles [0, *first_tiles) are gate_up's, the rest down's.
 rt::Op make_shared_chain_op(const Context& c, int* first_tiles);
 // The int32 counters of that chain for `tokens` (two per token tile; none without a shared expert): the
-// length of RoutedBuffers::shared_progress, and what dispatch and ep.group zero of it.
+// length of RoutedBuffers::shared_progress.
 int64_t shared_chain_counters(const MoeConfig& config, int64_t tokens);
+// This call's counters of that chain, zeroed (and declared written) by the operations that zero the routed
+// experts' (dispatch, ep.group), on the main stream before the fused operation: graphs replay it.
+struct SharedChainReset {
+  int32_t* counters = nullptr;
+  int64_t n = 0;
+  void operator()() const { std::fill(counters, counters + n, 0); }
+  rt::Access access() const { return rt::writes(counters, static_cast<size_t>(n) * 4); }
+};
+SharedChainReset shared_chain_reset(const Context& c);
 // "fused": shared_gate (Qwen), the shared expert's chain and the routed experts' as one operation
 // (fused_ops.cpp).
 rt::Op make_fused_op(const Context& c);

@@ -90,6 +90,10 @@ int64_t shared_chain_counters(const MoeConfig& config, int64_t tokens) {
   return config.has_shared_expert() ? 2 * ((tokens + kTokensPerTile - 1) / kTokensPerTile) : 0;
 }
 
+SharedChainReset shared_chain_reset(const Context& c) {
+  return {c.routed.shared_progress, shared_chain_counters(*c.config, c.tokens)};
+}
+
 rt::Op make_shared_gate_up_op(const Context& c) {
   const SharedArgs a = shared_args(c);
   const Grid grid = token_grid(c, a.is);
