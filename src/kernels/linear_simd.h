@@ -19,8 +19,8 @@
 // blocks (3 to 8 rows, by token count, row length and dtype), then one register-blocked pass for 4 tokens
 // (micro_kernel), one for fp8 at 5-6 (long_rows), two for 7-8 (wide_rows, or short_rows; fp8 rows longer
 // than 1 KiB: one, three_rows), or, for more, fp32 panels of the rows shared by micro-blocks of 3-4 tokens
-// (row_block_panel). Each weight row is streamed from memory once per
-// macro-block.
+// (row_block_panel; AVX-512 bf16 and f32 rows of at most 1 KiB: passes of wide_rows). Each weight row is
+// streamed from memory once per macro-block.
 #pragma once
 
 #include <algorithm>
@@ -382,22 +382,29 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
   V::template hsum_mem<R>(acc_mem, M, y, ldy);
 }
 
-// R rows against M = 4, 7 or 8 tokens: one register-blocked pass of 4 tokens, and for 7-8 a second pass
-// over tokens [4, M) that re-reads the R rows from L1. Below 9 tokens this beats converting the rows
-// into fp32 panels, whose store and reload the few tokens do not repay (one thread, bf16 weights from DRAM,
-// 6 rows: 512x2048 at 5-8 tokens 88-106 us against 99-113 us; 2048x512 78-101 us against 109-125 us).
+// R rows against M = 4 or 7 to kMaxMacroTokens tokens: register-blocked passes of 4 tokens, the later ones
+// re-reading the R rows from L1 (or L2), ending in a pass of 3 and one of 2-3 where whole passes of 4
+// would leave 1-2 tokens (9 = 4 + 3 + 2, 10 = 4 + 3 + 3): a pass of 1-2 tokens converts 6 rows for 6-12
+// FMAs. Below 9 tokens this beats converting the rows into fp32 panels, whose store and reload the few
+// tokens do not repay (one thread, bf16 weights from DRAM, 6 rows: 512x2048 at 5-8 tokens 88-106 us
+// against 99-113 us; 2048x512 78-101 us against 109-125 us); on rows of at most 1 KiB (a down projection)
+// it does at every count (linear_rows), where the 6 rows stay in L1 under the passes.
 //
 // With 4 tokens (one pass) the rows are streamed in kRowLeadBytes per row ahead of the reads rather than a
 // whole row block ahead: the block's prefetched 24 KiB (6 bf16 rows of 2048) pushed the tokens' 32 KiB of x
 // out of the 48 KiB L1 at every block (one thread, bf16 from DRAM: 512x2048 71-75 -> 58-62 us, 2048x512
-// 58-61 -> 54-56 us). With two passes it measured 8-15% slower, so 7-8 tokens keep the next-block stream
+// 58-61 -> 54-56 us). With two passes it measured 8-15% slower, so more tokens keep the next-block stream
 // (3, and 5-6: run_rows).
 template <class V, DType D, int R>
 void wide_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, float* y, int64_t ldy) {
   if (M <= 4) return micro_kernel<V, D, R, 4>(x, ldx, w, n, y, ldy, R, kRowLeadBytes / static_cast<int64_t>(dtype_size(D)));
-  micro_kernel<V, D, R, 4>(x, ldx, w, n, y, ldy);
-  if (M == 7) return micro_kernel<V, D, R, 3>(x + 4 * ldx, ldx, w, n, y + 4 * ldy, ldy);
-  micro_kernel<V, D, R, 4>(x + 4 * ldx, ldx, w, n, y + 4 * ldy, ldy);
+  const int64_t fours = M % 4 == 0 || M % 4 == 3 ? M / 4 : M / 4 - 1;
+  int64_t t = 0;
+  for (; t < 4 * fours; t += 4) micro_kernel<V, D, R, 4>(x + t * ldx, ldx, w, n, y + t * ldy, ldy);
+  for (; t < M; t += 3) {  // 3 + 2 or 3 + 3 left after the fours, or a lone 3
+    if (M - t == 2) return micro_kernel<V, D, R, 2>(x + t * ldx, ldx, w, n, y + t * ldy, ldy);
+    micro_kernel<V, D, R, 3>(x + t * ldx, ldx, w, n, y + t * ldy, ldy);
+  }
 }
 
 // 4 rows of at most 1 KiB (a down projection: bf16 K <= 512) against 7 or 8 tokens: two passes of 4 and
@@ -476,7 +483,8 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
       n = run_rows<V, D>(xm, mc, ldx, w, n, n1, ym + (n - n0), ldy);
     const int64_t row_bytes = w.cols * static_cast<int64_t>(dtype_size(D));
     // Past the runs, to 8 tokens: 6 rows (wide_rows), except 7-8 on rows of at most 1 KiB (short_rows) and
-    // fp8 at 5-8 on longer ones (long_rows, three_rows). 6 rows x 4 tokens fills 24 of 32 registers
+    // fp8 at 5-8 on longer ones (long_rows, three_rows); bf16 and f32 rows of at most 1 KiB take wide_rows
+    // at every count from 9 (below, before the panels). 6 rows x 4 tokens fills 24 of 32 registers
     // (measured ~10% faster than 4 x 4 for bf16 on one thread). fp8 rows carry scale registers and stay at
     // 3-4 (6 x 3-4 spilled them: one thread, fp8 2048x7168 in L3, 3 / 4 tokens 650 / 781 -> 828 / 886 us).
     constexpr bool kWide = V::kWideBlocks && D != DType::kF8E4M3;
@@ -487,11 +495,18 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
       for (; n + 4 <= n1; n += 4) long_rows<V, D>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     if (kFp8Long && mc >= 7 && mc <= 8 && row_bytes > 1024)
       for (; n + 3 <= n1; n += 3) three_rows<V, D>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
-    if (kWide && mc >= 4 && mc <= 8)
+    // From 9 tokens on rows of at most 1 KiB, passes of 6 rows x 4 tokens beat the 8-row panels: the rows
+    // stay in L1 across the passes, and converting them again per pass costs less than storing the panel
+    // and parking the accumulators per panel (Zen 5, bf16 2048x512 from DRAM, two threads, 10 / 12 / 16 /
+    // 32 tokens 82-86 / 89-106 / 121-158 / 221-250 -> 68-79 / 79-92 / 105-115 / 209-210 us; 512x512 in L2,
+    // one thread, 9-32 tokens 139-166 -> 162-184 GFLOP/s). On longer rows the passes re-read them from L2
+    // and measured 4-9% slower at 10-16 tokens (512x2048 from DRAM, two threads).
+    if (kWide && mc >= 4 && (mc <= 8 || row_bytes <= 1024))
       for (; n + 6 <= n1; n += 6) wide_rows<V, D, 6>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     // Wide panels (8 rows x 3 tokens, FMAs on L1-resident panel rows) halve the x traffic per FMA. With
-    // the next row block streamed under all micro-blocks they are the faster choice from 9 tokens on, and
-    // for fp8 on rows of at most 1 KiB from 5 (Qwen3-Next prefill of 512 tokens: 144-149 -> 134-136 ms).
+    // the next row block streamed under all micro-blocks they are the faster choice from 9 tokens on (on
+    // AVX-512, for bf16 and f32 rows longer than 1 KiB), and for fp8 on rows of at most 1 KiB from 5
+    // (Qwen3-Next prefill of 512 tokens: 144-149 -> 134-136 ms).
     // At up to 16 tokens bf16 and f32 take panels of 256 columns (8 KiB): a 512-column panel (16 KiB)
     // with the tokens' x under it (2 KiB each), the rows it is filled from and the next block streamed in
     // comes near a 48 KiB L1. Zen 5: one thread in L3, 512x2048 at 9-12 tokens 1-16% faster in each pair,
