@@ -497,10 +497,11 @@ void linear_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
       for (; n + 3 <= n1; n += 3) three_rows<V, D>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     // From 9 tokens on rows of at most 1 KiB, passes of 6 rows x 4 tokens beat the 8-row panels: the rows
     // stay in L1 across the passes, and converting them again per pass costs less than storing the panel
-    // and parking the accumulators per panel (Zen 5, bf16 2048x512 from DRAM, two threads, 10 / 12 / 16 /
-    // 32 tokens 82-86 / 89-106 / 121-158 / 221-250 -> 68-79 / 79-92 / 105-115 / 209-210 us; 512x512 in L2,
-    // one thread, 9-32 tokens 139-166 -> 162-184 GFLOP/s). On longer rows the passes re-read them from L2
-    // and measured 4-9% slower at 10-16 tokens (512x2048 from DRAM, two threads).
+    // and parking the accumulators per panel (Zen 5, bf16 2048x512 from DRAM, three alternated rounds, 10 /
+    // 12 / 16 / 32 tokens, one thread 165-167 / 184-185 / 242-246 / 447-461 -> 141-148 / 172-177 / 219-231
+    // / 408-432 us, two 83-107 / 94-116 / 122-157 / 229-252 -> 72-98 / 86-96 / 107-120 / 219-226 us;
+    // 512x512 in L2, one thread, 9-32 tokens 139-166 -> 162-184 GFLOP/s). On longer rows the passes
+    // re-read them from L2 and measured 4-9% slower at 10-16 tokens (512x2048 from DRAM, two threads).
     if (kWide && mc >= 4 && (mc <= 8 || row_bytes <= 1024))
       for (; n + 6 <= n1; n += 6) wide_rows<V, D, 6>(xm, mc, ldx, w, n, ym + (n - n0), ldy);
     // Wide panels (8 rows x 3 tokens, FMAs on L1-resident panel rows) halve the x traffic per FMA. With
