@@ -19,8 +19,13 @@ struct Avx2 {
   // Register blocking: tokens per micro-block, and whether 6-row x 4-token blocks fit (16 registers).
   static constexpr int kTokens = 2;
   static constexpr bool kWideBlocks = false;
-  static constexpr int kPanelRows = 4;  // 16 registers: the 4-row panel blocks only
-  static constexpr int kPanelTokens = 2;
+  // Panels: 4 rows x 3 tokens, 12 accumulators, the 3 tokens' x and one row's vector in the 16 registers.
+  // 4 x 2 left 8 FMA chains for two 4-cycle FMA pipes and 6 loads per 8 FMAs; on a Zen 3, two threads,
+  // one process alternating the two: bf16 512x2048 and 2048x512 from DRAM at 10-32 tokens 3-15% faster,
+  // f32 and fp8 (2048x7168) 4-12%, the Qwen3-Next prefill of 512 / 2048 tokens 1.08x / 1.05x
+  // (docs/kernel-notes.md, "AVX2 panels of 4 rows x 3 tokens").
+  static constexpr int kPanelRows = 4;
+  static constexpr int kPanelTokens = 3;
   // How far ahead of its reads each run of rows is prefetched (run_kernel in linear_simd.h).
   static constexpr int64_t kRunLeadBytes = kIntoL1 ? 2048 : 4096;
   // fp8 panels are decoded by their first micro-block as it uses them (row_block_panel in linear_simd.h;

@@ -372,7 +372,7 @@ void row_block_panel(const float* x, int64_t M, int64_t ldx, const WeightView& w
         }
       }
     }
-    constexpr int kT = R > 4 ? V::kPanelTokens : V::kTokens;
+    constexpr int kT = R >= V::kPanelRows ? V::kPanelTokens : V::kTokens;
     // Each micro-block streams in its share of the next row block's part of this panel, so the reads
     // run at an even rate under all of the panel's FMAs (bf16, one thread, 16 tokens: 249 -> 193 us per
     // 512x2048 matrix; Qwen3-Next prefill of 512 tokens: 161 -> 145 ms). fp8 leaves it all to the first
