@@ -202,6 +202,16 @@ TEST_F(Cli, BenchWritesTableJsonAndPlot) {
   }
   EXPECT_EQ(j["best_read_gbps"].get<double>(), j["machine"]["read_gbps"].get<double>());
   EXPECT_NE(r.out.find("of_best"), std::string::npos) << r.out;
+  // of_pk is taken against the best probe of the kernels' peak in the run (the start's, or one taken after
+  // a token count), never a lower one: the exact kernels quote the fp32 FMA peak.
+  const double best_peak = j["best_peak_gflops"].get<double>();
+  const std::string kernels = j["machine"]["isa"].get<std::string>();
+  if (kernels == "avx2" || kernels == "avx512") {
+    EXPECT_GE(best_peak, j["machine"][kernels == "avx2" ? "fp32_fma_256bit_gflops" : "fp32_fma_gflops"].get<double>());
+    for (const auto& b : j["results"])
+      EXPECT_NEAR(b["peak_fraction"].get<double>(), b["gflops"].get<double>() / best_peak, 1e-9);
+  }
+  EXPECT_NE(r.out.find("of_pk: GFLOP/s over the best probe"), std::string::npos) << r.out;
   EXPECT_TRUE(fs::exists(path("b.svg")));
   EXPECT_NE(r.out.find("host time per call"), std::string::npos) << r.out;
 }

@@ -242,6 +242,8 @@ TEST(BenchReport, TableAndJsonShowBothFractionsAndTheReadLoop) {
   r.machine.isa = "avx2";
   r.sweep_measures = true;
   r.best_read_gbps = 50;
+  r.machine.avx2_fp32_gflops = r.machine.fp32_gflops = 150;  // the start probe
+  r.best_peak_gflops = 180;                                   // a later probe, the best of the run
   BenchResult b;
   b.schedule = b.effective = "serial";
   b.tokens = 8;
@@ -274,8 +276,12 @@ TEST(BenchReport, TableAndJsonShowBothFractionsAndTheReadLoop) {
   EXPECT_EQ(row[of_bw + 1], "72%") << table;
   EXPECT_NE(table.find("read 40.0 GB/s at start (avx2 read loop, sequential), best 50.0 GB/s in the run"), std::string::npos) << table;
   EXPECT_NE(table.find("of_best: GB/s over the best read bandwidth of the run, 50.0 GB/s"), std::string::npos) << table;
+  EXPECT_NE(table.find("of_pk: GFLOP/s over the best probe of the kernels' arithmetic peak in the run, 180 GFLOP/s"),
+            std::string::npos)
+      << table;
   const nlohmann::json j = bench_json(r);
   EXPECT_EQ(j["best_read_gbps"].get<double>(), 50.0);
+  EXPECT_EQ(j["best_peak_gflops"].get<double>(), 180.0);
   EXPECT_EQ(j["machine"]["read_isa"].get<std::string>(), "avx2");
   EXPECT_EQ(j["machine"]["read_pattern"].get<std::string>(), "sequential");
   EXPECT_EQ(j["results"][0]["best_fraction"].get<double>(), 0.72);

@@ -56,6 +56,11 @@ std::string bench_table(const BenchReport& r) {
                 "%s read loop, %s)\n",
                 r.best_read_gbps, r.machine.read_isa.c_str(), r.machine.read_pattern.c_str());
   s << line;
+  std::snprintf(line, sizeof line,
+                "of_pk: GFLOP/s over the best probe of the kernels' arithmetic peak in the run, %.0f GFLOP/s (at the "
+                "start and after each token count)\n",
+                r.best_peak_gflops);
+  s << line;
   if (drifted)
     s << "~ the read bandwidth spread by more than " << static_cast<int>(100 * kReadDrift)
       << "% between this token count's calls (or no sweep had all workers at once): its fraction is less certain\n";
@@ -113,6 +118,7 @@ nlohmann::json bench_json(const BenchReport& r) {
           {"huge_page_fraction", r.huge_page_fraction},
           {"sweep_measures_bandwidth", r.sweep_measures},
           {"best_read_gbps", r.best_read_gbps},
+          {"best_peak_gflops", r.best_peak_gflops},
           {"machine", machine},
           {"results", results}};
 }

@@ -38,6 +38,7 @@ struct BenchResult {
   // gbps over BenchReport::best_read_gbps: against the best the memory delivered in this run, so a slow
   // moment does not flatter the call (of_bw can reach 100% in a slow mode that the whole machine is in).
   double best_fraction = 0;
+  // peak_fraction: gflops over BenchReport::best_peak_gflops.
   double gflops = 0, peak_fraction = 0;
   double speedup_vs_serial = 0;
   double shared_alone_us = 0;  // the shared branch's own time (ops' union in a traced serial forward)
@@ -57,6 +58,10 @@ struct BenchReport {
   // The highest read bandwidth measured in the run: the start probe and every sweep that measured (the
   // timed calls', the settle phase's, the shared branch's traced calls'), all with machine.read_isa's loop.
   double best_read_gbps = 0;
+  // The highest peak of the kernels' arithmetic (MachineFigures::kernel_peak_gflops) measured in the run: at
+  // the start and after each token count's calls. The host can slow the cores for a while, as it can the
+  // memory; a probe in such a moment would flatter every of_pk against it.
+  double best_peak_gflops = 0;
   std::vector<BenchResult> results;
 };
 

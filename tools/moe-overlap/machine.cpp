@@ -80,6 +80,13 @@ MachineFigures measure_machine(int threads, const void* probe_buffer, size_t pro
   return m;
 }
 
+double measure_kernel_peak_gflops(const MachineFigures& m, DType weights) {
+  const std::optional<Isa> kernels = parse_isa(m.isa);
+  if (kernels && rounds_x_to_bf16(*kernels, weights)) return measure_peak_gflops(m.threads, PeakKind::kBf16Dot);
+  if (m.on_256bit_vectors() && m.avx2_fp32_gflops > 0) return measure_peak_gflops(m.threads, PeakKind::kF32Fma, Isa::kAvx2);
+  return measure_peak_gflops(m.threads, PeakKind::kF32Fma);
+}
+
 MachineFigures cached_machine(int threads) {
   const std::string cpu = cpu_model();
   const nlohmann::json cache = read_cache();

@@ -52,6 +52,9 @@ std::string cpu_model();
 // loop runs on `read_loop` (supported by this CPU; default the widest, read_isa()).
 MachineFigures measure_machine(int threads, const void* probe_buffer = nullptr, size_t probe_bytes = 0,
                                Isa read_loop = read_isa());
+// Measures again, now, the peak that m.kernel_peak_gflops(weights) quotes (the same probe on the same
+// vectors, m.threads threads; about 0.4 s): `bench` repeats it through the run and quotes the best.
+double measure_kernel_peak_gflops(const MachineFigures& m, DType weights);
 // The cached figures for this CPU and thread count, or measure_machine(); figures a narrower read loop
 // measured (or a cache that does not name its loop and pattern) are measured again.
 MachineFigures cached_machine(int threads);
