@@ -81,9 +81,11 @@ MachineFigures measure_machine(int threads, const void* probe_buffer, size_t pro
 }
 
 double measure_kernel_peak_gflops(const MachineFigures& m, DType weights) {
-  const std::optional<Isa> kernels = parse_isa(m.isa);
-  if (kernels && rounds_x_to_bf16(*kernels, weights)) return measure_peak_gflops(m.threads, PeakKind::kBf16Dot);
-  if (m.on_256bit_vectors() && m.avx2_fp32_gflops > 0) return measure_peak_gflops(m.threads, PeakKind::kF32Fma, Isa::kAvx2);
+  switch (m.kernel_peak(weights)) {
+    case MachineFigures::KernelPeak::kBf16Dot: return measure_peak_gflops(m.threads, PeakKind::kBf16Dot);
+    case MachineFigures::KernelPeak::kFma256: return measure_peak_gflops(m.threads, PeakKind::kF32Fma, Isa::kAvx2);
+    case MachineFigures::KernelPeak::kFmaWidest: break;
+  }
   return measure_peak_gflops(m.threads, PeakKind::kF32Fma);
 }
 

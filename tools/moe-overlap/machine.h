@@ -30,10 +30,19 @@ struct MachineFigures {
   // the avx512bf16 path (bf16, fp8 and int4 weights), else fp32 FMA on the kernels' vectors (the AVX2
   // kernels reach half of an AVX-512 CPU's peak). avx2int8 is quoted against the 256-bit fp32 FMA peak
   // too: its int8 products run faster than that, so of_pk can pass 100% there.
-  double kernel_peak_gflops(DType weights) const {
+  enum class KernelPeak { kBf16Dot, kFma256, kFmaWidest };  // which of the three probes that is
+  KernelPeak kernel_peak(DType weights) const {
     const std::optional<Isa> kernels = parse_isa(isa);
-    if (kernels && rounds_x_to_bf16(*kernels, weights)) return bf16_gflops;
-    return on_256bit_vectors() && avx2_fp32_gflops > 0 ? avx2_fp32_gflops : fp32_gflops;
+    if (kernels && rounds_x_to_bf16(*kernels, weights)) return KernelPeak::kBf16Dot;
+    return on_256bit_vectors() && avx2_fp32_gflops > 0 ? KernelPeak::kFma256 : KernelPeak::kFmaWidest;
+  }
+  double kernel_peak_gflops(DType weights) const {
+    switch (kernel_peak(weights)) {
+      case KernelPeak::kBf16Dot: return bf16_gflops;
+      case KernelPeak::kFma256: return avx2_fp32_gflops;
+      case KernelPeak::kFmaWidest: break;
+    }
+    return fp32_gflops;
   }
   // Whether the kernels run on 256-bit vectors (avx2, and avx2int8 outside its int8 products).
   bool on_256bit_vectors() const {
