@@ -51,31 +51,47 @@ inline void dot_rows(const float* x, int64_t ldx, int64_t K, RowCursor<V, D> (&r
   // 1.25x slower (one thread, fp8 2048x7168 from DRAM on a Zen 4 core, 1960 -> 2480 us), at 1-3 tokens 1.25-1.3x
   // faster.
   constexpr bool kFp8Fast = !(V::kTokens < 4 && T >= 4);
+  // One vector of columns from k in decoding P (chosen once per block, outside the loops over k: a per-load
+  // branch costs more than the decoding itself).
+  const auto step = [&](int64_t k, auto path) __attribute__((always_inline)) {
+    Reg wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) wv[r] = rows[r].template load<decltype(path)::value>(k);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const Reg xv = V::load(x + t * ldx + k);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][t] = V::fma(xv, wv[r], acc[r][t]);
+    }
+  };
   for (int64_t kb = 0; kb < K; kb += kScaleBlock) {
+    // fp8 where V::kFp8TableBlocks: a block that the view's table puts on the fast decoding for all R rows
+    // (RowCursor::table_fast) skips the general choice below: each row's branches, the widest of the
+    // paths and the switch to that path's loop. Zen 3 (AVX2), two threads from DRAM, fp8 2048x7168 at 1 /
+    // 2 / 3 tokens 0.87-0.92 / 0.89-0.91 / 0.85-0.87x the time, 7168x2048 at 1 token 0.88x; DeepSeek-V3's
+    // layer (64 experts) at 1 / 2 / 4 tokens 0.88-0.90 / 0.81-0.85 / 0.88-0.90x (docs/kernel-notes.md,
+    // "fp8 blocks by the table alone").
+    if constexpr (D == DType::kF8E4M3 && kFp8Fast && V::kFp8TableBlocks) {
+      bool fast = true;
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) fast &= rows[r].table_fast(kb / kScaleBlock);
+      if (fast) {
+        prefetch(kb, kb + kScaleBlock);
+        for (int64_t k = kb; k < kb + kScaleBlock; k += L) step(k, std::integral_constant<int, kFastPath>{});
+        continue;
+      }
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) rows[r].block(kb / kScaleBlock, kFp8Fast);
     const int64_t kend = std::min(K, kb + kScaleBlock);
     prefetch(kb, kend);
     int64_t k = kb;
-    // The decoding is chosen once per block, outside the loop: a per-load branch costs more than the
-    // decoding itself.
-    const auto steps = [&](auto path) {
-      for (; k + L <= kend; k += L) {
-        Reg wv[R];
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) wv[r] = rows[r].template load<decltype(path)::value>(k);
-#pragma GCC unroll 8
-        for (int t = 0; t < T; ++t) {
-          const Reg xv = V::load(x + t * ldx + k);
-#pragma GCC unroll 8
-          for (int r = 0; r < R; ++r) acc[r][t] = V::fma(xv, wv[r], acc[r][t]);
-        }
-      }
-    };
     int path = kFastPath;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) path = std::max(path, rows[r].path());
-    with_path(path, steps);
+    with_path(path, [&](auto p) {
+      for (; k + L <= kend; k += L) step(k, p);
+    });
     if (k < kend) {
       const int rem = static_cast<int>(kend - k);
       Reg wv[R];

@@ -100,6 +100,15 @@ struct RowCursor<V, DType::kF8E4M3> {
     }
     scale = V::fp8_scale(s, path, big);
   }
+  // Whether the view's table alone says block kb takes the fast decoding (normal codes, a whole block, a
+  // scale below 2^7: block() would pick kFastPath), its scale registers then set for it (else block() must
+  // follow). No branch on the block: the caller branches once for its R rows.
+  bool table_fast(int64_t kb) {
+    const float s = scales[kb];
+    scale = V::fp8_scale(s, kFastPath, false);
+    if (codes == nullptr) return false;
+    return (codes[kb] == kFp8Normal) & (kb < whole_blocks) & (s < 0x1p7f) & (s > -0x1p7f);
+  }
   int path() const { return scale.path; }
   template <int P>
   typename V::Reg load(int64_t k) const { return V::template load_fp8<P>(p + k, scale); }
