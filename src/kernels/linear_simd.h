@@ -65,19 +65,20 @@ inline void dot_rows(const float* x, int64_t ldx, int64_t K, RowCursor<V, D> (&r
     }
   };
   for (int64_t kb = 0; kb < K; kb += kScaleBlock) {
-    // fp8 where V::kFp8TableBlocks: a block that the view's table puts on the fast decoding for all R rows
-    // (RowCursor::table_fast) skips the general choice below: each row's branches, the widest of the
-    // paths and the switch to that path's loop. Zen 3 (AVX2), two threads from DRAM, fp8 2048x7168 at 1 /
-    // 2 / 3 tokens 0.87-0.92 / 0.89-0.91 / 0.85-0.87x the time, 7168x2048 at 1 token 0.88x; DeepSeek-V3's
-    // layer (64 experts) at 1 / 2 / 4 tokens 0.88-0.90 / 0.81-0.85 / 0.88-0.90x (docs/kernel-notes.md,
-    // "fp8 blocks by the table alone").
-    if constexpr (D == DType::kF8E4M3 && kFp8Fast && V::kFp8TableBlocks) {
-      bool fast = true;
+    // fp8 where V::kFp8TableBlocks: a block that the view's table decides for all R rows (normal codes, a
+    // whole block, a small scale: RowCursor::table_block) skips the general choice below: each row's
+    // branches, the widest of the paths and the switch to that path's loop. Zen 3 (AVX2), two threads from
+    // DRAM, fp8 2048x7168 at 1 / 2 / 3 / 4 tokens 0.87-0.92 / 0.89-0.91 / 0.85-0.87 / 0.89x the time,
+    // 7168x2048 at 1 / 4 tokens 0.88 / 0.89x; DeepSeek-V3's layer (64 experts) at 1 / 2 / 4 tokens 0.88-0.90
+    // / 0.81-0.85 / 0.88-0.90x (docs/kernel-notes.md, "fp8 blocks by the table alone").
+    if constexpr (D == DType::kF8E4M3 && V::kFp8TableBlocks) {
+      bool table = true;
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) fast &= rows[r].table_fast(kb / kScaleBlock);
-      if (fast) {
+      for (int r = 0; r < R; ++r) table &= rows[r].template table_block<kFp8Fast>(kb / kScaleBlock);
+      if (table) {
         prefetch(kb, kb + kScaleBlock);
-        for (int64_t k = kb; k < kb + kScaleBlock; k += L) step(k, std::integral_constant<int, kFastPath>{});
+        constexpr int kPath = kFp8Fast ? kFastPath : kSubnormalPath;
+        for (int64_t k = kb; k < kb + kScaleBlock; k += L) step(k, std::integral_constant<int, kPath>{});
         continue;
       }
     }
@@ -308,6 +309,17 @@ void micro_panel(const float* x, int64_t ldx, float (*panel)[C], int64_t c0, int
     // 128-column block by block (c0 is a multiple of kScaleBlock): the decoding is the widest the R rows'
     // blocks need, and load<P> above a row's own decoding reads the same values (fp8; bf16 and f32 have one).
     for (int64_t kb = c0; kb < c1; kb += kScaleBlock) {
+      // As in dot_rows (the first micro-block decodes; 2048x7168 at 5 / 8 / 10 / 16 tokens 0.92 / 0.96 /
+      // 0.94 / 0.99x the time, 7168x2048 at 10 0.96x).
+      if constexpr (V::kFp8TableBlocks) {
+        bool table = true;
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) table &= fill[r].template table_block<true>(kb / kScaleBlock);
+        if (table) {
+          steps_to(std::min(c1, kb + kScaleBlock), std::integral_constant<int, kFastPath>{});
+          continue;
+        }
+      }
       int path = kFastPath;
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {

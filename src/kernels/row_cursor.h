@@ -100,12 +100,14 @@ struct RowCursor<V, DType::kF8E4M3> {
     }
     scale = V::fp8_scale(s, path, big);
   }
-  // Whether the view's table alone says block kb takes the fast decoding (normal codes, a whole block, a
-  // scale below 2^7: block() would pick kFastPath), its scale registers then set for it (else block() must
-  // follow). No branch on the block: the caller branches once for its R rows.
-  bool table_fast(int64_t kb) {
+  // block(kb, fast) for a block that the view's table alone decides: normal codes, a whole block, a scale
+  // below 2^7, so kFastPath (or kSubnormalPath where !fast). Returns whether it was such a block, its scale
+  // registers then set for that path (else block() must follow). No branch on the block: the caller
+  // branches once for all the rows it reads together.
+  template <bool kFast>
+  bool table_block(int64_t kb) {
     const float s = scales[kb];
-    scale = V::fp8_scale(s, kFastPath, false);
+    scale = V::fp8_scale(s, kFast ? kFastPath : kSubnormalPath, false);
     if (codes == nullptr) return false;
     return (codes[kb] == kFp8Normal) & (kb < whole_blocks) & (s < 0x1p7f) & (s > -0x1p7f);
   }
