@@ -25,7 +25,7 @@ struct Avx512 {
   // first micro-block they measured 5-8% slower on one thread and the same on two (Zen 5, fp8 2048x7168
   // in L3 at 10-32 tokens).
   static constexpr bool kFp8FillPanels = false;
-  // Not the AVX2 path's table-only blocks (dot_rows in linear_simd.h): unmeasured on an AVX-512 machine.
+  // Not the AVX2 path's table-decided blocks (dot_rows, micro_panel): unmeasured on an AVX-512 machine.
   static constexpr bool kFp8TableBlocks = false;
   static __mmask16 tail_mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
 
