@@ -26,6 +26,12 @@ struct Avx2 {
   // (docs/kernel-notes.md, "AVX2 panels of 4 rows x 3 tokens").
   static constexpr int kPanelRows = 4;
   static constexpr int kPanelTokens = 3;
+  // How many k steps of a panel's micro-block share one issue of the next row block's prefetch (and its
+  // check): 8 against 1 (with the panel's step count a compile-time constant, no division): Zen 3, one
+  // thread in L2, bf16 64x512 at 9 / 10 / 12 / 16 / 32 tokens 0.97 / 0.90 / 0.97 / 0.96 / 1.00x the time,
+  // 16x2048 at 12 / 32 0.97 / 0.99x; two threads from DRAM, 2048x512 and 512x2048 at 10-16 tokens
+  // 0.95-1.00x (docs/kernel-notes.md, "AVX2 sums four at a time").
+  static constexpr int kPanelPrefetchSteps = 8;
   // How far ahead of its reads each run of rows is prefetched (run_kernel in linear_simd.h).
   static constexpr int64_t kRunLeadBytes = kIntoL1 ? 2048 : 4096;
   // fp8 panels are decoded by their first micro-block as it uses them (row_block_panel in linear_simd.h;

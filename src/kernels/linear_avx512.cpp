@@ -27,6 +27,8 @@ struct Avx512 {
   static constexpr bool kFp8FillPanels = false;
   // Not the AVX2 path's table-decided blocks (dot_rows, micro_panel): unmeasured on an AVX-512 machine.
   static constexpr bool kFp8TableBlocks = false;
+  // The panels' prefetch checked at every k step (the AVX2 path's per-8 issue is unmeasured here).
+  static constexpr int kPanelPrefetchSteps = 1;
   static __mmask16 tail_mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
 
   static Reg zero() { return _mm512_setzero_ps(); }

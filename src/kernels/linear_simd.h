@@ -270,7 +270,9 @@ void micro_panel(const float* x, int64_t ldx, float (*panel)[C], int64_t c0, int
   using Reg = typename V::Reg;
   constexpr int L = V::kLanes;
   const int64_t steps = std::max<int64_t>(1, (c1 - c0) / L), lines = pf < pf_end ? (pf_end - pf + 63) / 64 : 0;
-  const int64_t pf_step = (lines + steps - 1) / steps * 64;  // bytes streamed per k step
+  // Bytes streamed per k step (a whole panel's step count known at compile time: no division).
+  constexpr int64_t kSteps = C / L;
+  const int64_t pf_step = (steps == kSteps ? (lines + kSteps - 1) / kSteps : (lines + steps - 1) / steps) * 64;
   Reg acc[R][T];
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t)
@@ -279,28 +281,37 @@ void micro_panel(const float* x, int64_t ldx, float (*panel)[C], int64_t c0, int
   int64_t k = c0;
   // The T token vectors stay live and each panel row is loaded as it is used (L1), so R x T accumulators
   // plus T + 1 registers fit the register file even for R = 8.
+  const auto step = [&](auto path) __attribute__((always_inline)) {
+    Reg xv[T];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) xv[t] = V::load(x + t * ldx + k);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      Reg wv;
+      if constexpr (std::is_void_v<Cursor>) {
+        wv = V::load(&panel[r][k - c0]);
+        // One load per row, not one per FMA: GCC would fold it into all T FMAs and saturate the load ports.
+        asm("" : "+v"(wv));
+      } else {
+        constexpr int64_t kEs = sizeof(*fill[r].p);
+        if (fill_lead > 0 && k * kEs % 64 == 0) V::prefetch(reinterpret_cast<const char*>(fill[r].p + k) + fill_lead);
+        wv = fill[r].template load<decltype(path)::value>(k);
+        V::store(&panel[r][k - c0], wv);
+      }
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) acc[r][t] = V::fma(xv[t], wv, acc[r][t]);
+    }
+  };
+  // The next block's share is issued once per V::kPanelPrefetchSteps steps, not checked at each.
+  constexpr int kChunk = V::kPanelPrefetchSteps;
   const auto steps_to = [&](int64_t kend, auto path) __attribute__((always_inline)) {
+    while (k + kChunk * L <= kend) {
+      for (const char* to = std::min(pf + kChunk * pf_step, pf_end); pf < to; pf += 64) V::prefetch(pf);
+      for (int s = 0; s < kChunk; ++s, k += L) step(path);
+    }
     for (; k + L <= kend; k += L) {
       for (const char* to = std::min(pf + pf_step, pf_end); pf < to; pf += 64) V::prefetch(pf);
-      Reg xv[T];
-#pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) xv[t] = V::load(x + t * ldx + k);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        Reg wv;
-        if constexpr (std::is_void_v<Cursor>) {
-          wv = V::load(&panel[r][k - c0]);
-          // One load per row, not one per FMA: GCC would fold it into all T FMAs and saturate the load ports.
-          asm("" : "+v"(wv));
-        } else {
-          constexpr int64_t kEs = sizeof(*fill[r].p);
-          if (fill_lead > 0 && k * kEs % 64 == 0) V::prefetch(reinterpret_cast<const char*>(fill[r].p + k) + fill_lead);
-          wv = fill[r].template load<decltype(path)::value>(k);
-          V::store(&panel[r][k - c0], wv);
-        }
-#pragma GCC unroll 8
-        for (int t = 0; t < T; ++t) acc[r][t] = V::fma(xv[t], wv, acc[r][t]);
-      }
+      step(path);
     }
   };
   if constexpr (!std::is_same_v<Cursor, RowCursor<V, DType::kF8E4M3>>) {
