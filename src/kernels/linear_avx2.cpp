@@ -34,12 +34,12 @@ struct Avx2 {
   static constexpr int kPanelPrefetchSteps = 8;
   // How far ahead of its reads each run of rows is prefetched (run_kernel in linear_simd.h).
   static constexpr int64_t kRunLeadBytes = kIntoL1 ? 2048 : 4096;
-  // fp8 panels are decoded by their first micro-block as it uses them (row_block_panel in linear_simd.h;
+  // fp8 panels are decoded by their first micro-block as it uses them (row_block_panel in linear_panels.h;
   // Zen 5, fp8 2048x7168 in L3 at 5 / 10 / 16 tokens, one thread 3.19 / 4.16 / 5.89 -> 2.38 / 3.54 /
   // 5.32 ms, two 1.56 / 2.11 / 2.99 -> 1.19 / 1.87 / 2.82 ms; docs/kernel-notes.md).
   static constexpr bool kFp8FillPanels = true;
-  // fp8 blocks that the view's table alone decides skip the general per-block choice (dot_rows and
-  // micro_panel in linear_simd.h).
+  // fp8 blocks that the view's table alone decides skip the general per-block choice (dot_rows in
+  // linear_simd.h, micro_panel in linear_panels.h).
   static constexpr bool kFp8TableBlocks = true;
 
   static Reg zero() { return _mm256_setzero_ps(); }

@@ -21,7 +21,7 @@ struct Avx512 {
   static constexpr int kPanelTokens = 3;
   // How far ahead of its reads each run of rows is prefetched (run_kernel in linear_simd.h).
   static constexpr int64_t kRunLeadBytes = 2048;
-  // fp8 panels are decoded in a pass of their own (row_block_panel in linear_simd.h): decoded by their
+  // fp8 panels are decoded in a pass of their own (row_block_panel in linear_panels.h): decoded by their
   // first micro-block they measured 5-8% slower on one thread and the same on two (Zen 5, fp8 2048x7168
   // in L3 at 10-32 tokens).
   static constexpr bool kFp8FillPanels = false;
