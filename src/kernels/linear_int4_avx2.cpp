@@ -34,10 +34,11 @@ constexpr int64_t kXtFloats = 32 * 1024;
 constexpr int kSubTokens = 2;  // 16 registers: 2 tokens per pass
 constexpr int64_t kNearXFloats = (64 << 10) / 4;  // one row x 4 tokens past 8 tokens: x within 64 KiB
 
-// y[t * ldy + r * run] for t < T, r < R: rows n + r * run against T tokens of xt (ldxt floats apart).
+// y[t * ldy + r * run] for t < T, r < R: rows n + r * run against T tokens of xt (ldxt floats apart);
+// kRunRows: the rows are one of each of R runs (rows_pass's callers know which, so the compiler does too).
 // Streamed in: with runs, each row's words kInt4RunLeadBytes ahead of its reads and its scales as far ahead
 // in their own array; with adjacent rows, the next R rows at the rate these are read.
-template <int R, int T>
+template <int R, int T, bool kRunRows>
 void micro(const float* xt, int64_t ldxt, const Int4Matrix& w, RowRuns at, float* y, int64_t ldy) {
   const __m256i flip = _mm256_set1_epi32(static_cast<int>(0x88888888u));
   const char *words_end = w.words_end(), *scales_end = w.scales_end();
@@ -68,11 +69,11 @@ void micro(const float* xt, int64_t ldxt, const Int4Matrix& w, RowRuns at, float
       for (int r = 0; r < R; ++r) {
         // With runs, each row's own stream ahead (and its scales' line once every 64 bytes of them); with
         // adjacent rows, the next R rows.
-        const char* p = at.run > 1 ? ahead[r] + b * 32 : next + (b / 2 * R + r) * 64;
+        const char* p = kRunRows ? ahead[r] + b * 32 : next + (b / 2 * R + r) * 64;
         if (p < words_end) _mm_prefetch(p, _MM_HINT_T0);
       }
     }
-    if (at.run > 1) {
+    if constexpr (kRunRows) {
       const int64_t s0 = w.scale_offset(b), s1 = w.scale_offset(b + 1);
       if ((s0 >> 6) != (s1 >> 6) || b == 0)
 #pragma GCC unroll 8
@@ -80,12 +81,27 @@ void micro(const float* xt, int64_t ldxt, const Int4Matrix& w, RowRuns at, float
           if (sahead[r] + (s1 & ~int64_t{63}) < scales_end) _mm_prefetch(sahead[r] + (s1 & ~int64_t{63}), _MM_HINT_T0);
     }
     const float* xb = xt + b * kBlockCols;
+    // From 3 tokens each token's x of the block from its own pointer, read at fixed offsets: left to itself
+    // GCC keeps an offset per token and vector (T x 8 of them) and reloads them from the stack, a scalar load
+    // per FMA, and the one-row kernel runs out of load slots. The empty asm hides the pointers' common base.
+    // Zen 3, two threads from DRAM, 3 / 4 / 8 tokens 0.86-0.95 / 0.82-0.92 / 0.88-0.98x the time, the same
+    // bits (docs/kernel-notes.md, "int4 x through one pointer per token"); at 1-2 tokens it measured slower.
+    [[maybe_unused]] const float* xp[T];
+    if constexpr (T >= 3)
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        xp[t] = xb + t * ldxt;
+        asm("" : "+r"(xp[t]));
+      }
     __m256 part[R][T];  // this block's sum of x * value per lane, before the lane's group scale
 #pragma GCC unroll 8
     for (int i = 0; i < 8; ++i) {
       __m256 xv[T];
 #pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(xb + t * ldxt + i * 8);
+      for (int t = 0; t < T; ++t) {
+        if constexpr (T >= 3) xv[t] = _mm256_loadu_ps(xp[t] + i * 8);
+        else xv[t] = _mm256_loadu_ps(xb + t * ldxt + i * 8);
+      }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         // Field i to the top 4 bits, then an arithmetic shift back: the signed value, exactly.
@@ -146,12 +162,12 @@ void transpose_x(const float* x, int64_t T, int64_t ldx, int64_t K, float* xt, i
 }
 
 // Rows at.n + r * at.run (r < R) against all T tokens, in passes of up to 2 tokens (4 for one row).
-template <int R>
+template <int R, bool kRunRows>
 void rows_pass(const float* xt, int64_t T, int64_t ldxt, const Int4Matrix& w, RowRuns at, float* y, int64_t ldy) {
   constexpr int P = R == 1 ? 4 : kSubTokens;
   for (int64_t t = 0; t < T; t += P)
     with_token_count<P>(std::min<int64_t>(P, T - t), [&](auto tokens) {
-      micro<R, decltype(tokens)::value>(xt + t * ldxt, ldxt, w, at, y + t * ldy, ldy);
+      micro<R, decltype(tokens)::value, kRunRows>(xt + t * ldxt, ldxt, w, at, y + t * ldy, ldy);
     });
 }
 
@@ -180,12 +196,12 @@ void linear_int4_avx2(const float* x, int64_t M, int64_t ldx, const WeightView& 
     if (T == 1) {
       constexpr int kRuns = 4;
       const int64_t run = (n1 - n) / kRuns;
-      for (int64_t i = 0; i < run; ++i, ++n) rows_pass<kRuns>(xt, T, ldxt, rows, {n, run}, ym + (n - n0), ldy);
+      for (int64_t i = 0; i < run; ++i, ++n) rows_pass<kRuns, true>(xt, T, ldxt, rows, {n, run}, ym + (n - n0), ldy);
       n += (kRuns - 1) * run;
     }
     if (T < 3 || (T > 8 && T * ldxt > kNearXFloats))
-      for (; n + 2 <= n1; n += 2) rows_pass<2>(xt, T, ldxt, rows, {n, 1}, ym + (n - n0), ldy);
-    for (; n < n1; ++n) rows_pass<1>(xt, T, ldxt, rows, {n, 1}, ym + (n - n0), ldy);
+      for (; n + 2 <= n1; n += 2) rows_pass<2, false>(xt, T, ldxt, rows, {n, 1}, ym + (n - n0), ldy);
+    for (; n < n1; ++n) rows_pass<1, false>(xt, T, ldxt, rows, {n, 1}, ym + (n - n0), ldy);
   }
 }
 
