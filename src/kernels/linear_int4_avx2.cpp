@@ -85,23 +85,19 @@ void micro(const float* xt, int64_t ldxt, const Int4Matrix& w, RowRuns at, float
     // GCC keeps an offset per token and vector (T x 8 of them) and reloads them from the stack, a scalar load
     // per FMA, and the one-row kernel runs out of load slots. The empty asm hides the pointers' common base.
     // Zen 3, two threads from DRAM, 3 / 4 / 8 tokens 0.86-0.95 / 0.82-0.92 / 0.88-0.98x the time, the same
-    // bits (docs/kernel-notes.md, "int4 x through one pointer per token"); at 1-2 tokens it measured slower.
-    [[maybe_unused]] const float* xp[T];
-    if constexpr (T >= 3)
+    // bits (docs/kernel-notes.md, "int4 x through one pointer per token"); the asm at 1-2 tokens measured slower.
+    const float* xp[T];
 #pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) {
-        xp[t] = xb + t * ldxt;
-        asm("" : "+r"(xp[t]));
-      }
+    for (int t = 0; t < T; ++t) {
+      xp[t] = xb + t * ldxt;
+      if constexpr (T >= 3) asm("" : "+r"(xp[t]));
+    }
     __m256 part[R][T];  // this block's sum of x * value per lane, before the lane's group scale
 #pragma GCC unroll 8
     for (int i = 0; i < 8; ++i) {
       __m256 xv[T];
 #pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) {
-        if constexpr (T >= 3) xv[t] = _mm256_loadu_ps(xp[t] + i * 8);
-        else xv[t] = _mm256_loadu_ps(xb + t * ldxt + i * 8);
-      }
+      for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(xp[t] + i * 8);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         // Field i to the top 4 bits, then an arithmetic shift back: the signed value, exactly.
