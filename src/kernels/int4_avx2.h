@@ -30,9 +30,11 @@ inline __m256 scale_vector(const Int4Matrix& w, const uint16_t* row_scales, int6
 
 // The same for a whole block (all 64 columns within K), without the bounds checks: a bf16 is the top half of
 // its fp32. Groups of 32: one 32-bit load holds both scales; one byte shuffle puts the first in the top
-// halves of lanes 0-3, the second in 4-7.
+// halves of lanes 0-3, the second in 4-7. kGroup32: the caller has checked that w.group is 32, so that no
+// test of it is left in its loop (where GCC placed the common case out of line, two taken jumps per block).
+template <bool kGroup32 = false>
 inline __m256 whole_block_scales(const Int4Matrix& w, const uint16_t* row_scales, int64_t b) {
-  if (w.group == 32) {
+  if (kGroup32 || w.group == 32) {
     const __m256i spread = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 0, 1, -1, -1, 0, 1, -1, -1, 0, 1,  //
                                             -1, -1, 2, 3, -1, -1, 2, 3, -1, -1, 2, 3, -1, -1, 2, 3);
     uint32_t two;

@@ -124,8 +124,9 @@ struct Lanes<1> {
     const int* p = reinterpret_cast<const int*>(rows[0] + b * 8);
     return left == 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskload_epi32(p, word_mask(left));
   }
+  template <bool kGroup32>
   static F whole_scales(const Int4Matrix& w, const uint16_t* const* srows, int64_t b) {
-    return whole_block_scales(w, srows[0], b);
+    return whole_block_scales<kGroup32>(w, srows[0], b);
   }
   static F scales(const Int4Matrix& w, const uint16_t* const* srows, int64_t b) { return scale_vector(w, srows[0], b); }
   static I low4(I words) { return _mm256_and_si256(words, _mm256_set1_epi8(0x0f)); }
@@ -165,8 +166,9 @@ struct Lanes<2> {
   static I partial(const uint32_t* const* rows, int64_t b, int64_t left) {
     return join(Lanes<1>::partial(rows, b, left), Lanes<1>::partial(rows + 1, b, left));
   }
+  template <bool kGroup32>
   static F whole_scales(const Int4Matrix& w, const uint16_t* const* srows, int64_t b) {
-    return join(whole_block_scales(w, srows[0], b), whole_block_scales(w, srows[1], b));
+    return join(whole_block_scales<kGroup32>(w, srows[0], b), whole_block_scales<kGroup32>(w, srows[1], b));
   }
   static F scales(const Int4Matrix& w, const uint16_t* const* srows, int64_t b) {
     return join(scale_vector(w, srows[0], b), scale_vector(w, srows[1], b));
@@ -200,7 +202,7 @@ struct Lanes<2> {
 // 512 x 2048 from L2 on a Zen 4 core, the best of 7). The two blocks are a loop of two: written out, GCC
 // kept more registers live and 2 tokens took 51 us against 30. The VNNI build takes rows in pairs, one pair
 // per 512-bit vector, which halves the instructions per weight.
-template <int R, int T>
+template <int R, int T, bool kGroup32>
 void micro(const XBlock* xq, int64_t ldxq, const Int4Matrix& w, RowRuns at, float* y, int64_t ldy) {
   constexpr int G = MOE_INT8_VNNI && R % 2 == 0 ? 2 : 1;  // rows per vector
   constexpr int V = R / G;
@@ -249,7 +251,8 @@ void micro(const XBlock* xq, int64_t ldxq, const Int4Matrix& w, RowRuns at, floa
 #pragma GCC unroll 2
     for (int64_t i = b; i < b + 2; ++i)
 #pragma GCC unroll 8
-      for (int v = 0; v < V; ++v) step(v, i, L::words(rows + v * G, i), L::whole_scales(w, srows + v * G, i));
+      for (int v = 0; v < V; ++v)
+        step(v, i, L::words(rows + v * G, i), L::template whole_scales<kGroup32>(w, srows + v * G, i));
   }
   for (; b < w.blocks; ++b) {  // a last whole block, a partial one (K % 64 == 32), or both
     if ((b & 1) == 0) prefetch(b);
@@ -262,22 +265,43 @@ void micro(const XBlock* xq, int64_t ldxq, const Int4Matrix& w, RowRuns at, floa
 }
 
 // Rows at.n + r * at.run (r < R) against all T tokens, in passes of up to P (2 or 4) tokens.
-template <int R, int P>
+template <int R, int P, bool kGroup32>
 void rows_pass(const XBlock* xq, int64_t T, int64_t ldxq, const Int4Matrix& w, RowRuns at, float* y, int64_t ldy) {
   for (int64_t t = 0; t < T; t += P) {
     const XBlock* xt = xq + t * ldxq;
     float* yt = y + t * ldy;
     switch (std::min<int64_t>(P, T - t)) {
-      case 1: micro<R, 1>(xt, ldxq, w, at, yt, ldy); break;
-      case 2: micro<R, 2>(xt, ldxq, w, at, yt, ldy); break;
+      case 1: micro<R, 1, kGroup32>(xt, ldxq, w, at, yt, ldy); break;
+      case 2: micro<R, 2, kGroup32>(xt, ldxq, w, at, yt, ldy); break;
       case 3:
-        if constexpr (P > 2) micro<R, 3>(xt, ldxq, w, at, yt, ldy);
+        if constexpr (P > 2) micro<R, 3, kGroup32>(xt, ldxq, w, at, yt, ldy);
         break;
       default:
-        if constexpr (P > 2) micro<R, 4>(xt, ldxq, w, at, yt, ldy);
+        if constexpr (P > 2) micro<R, 4, kGroup32>(xt, ldxq, w, at, yt, ldy);
         break;
     }
   }
+}
+
+// Rows [n0, n1) against the T tokens of xq. kGroup32: w.group is 32 (checked by the caller).
+template <bool kGroup32>
+void rows_of(const XBlock* xq, int64_t T, int64_t ldxq, const Int4Matrix& w, int64_t n0, int64_t n1, float* y,
+             int64_t ldy) {
+  // 1-2 tokens, and up to 8 on rows of 1 KiB or more: 4 runs of consecutive rows, one row of each at a
+  // time, each run read as one long stream, in passes of 2 tokens; else 2 adjacent rows in passes of 4.
+  // Rows left over go one at a time. From DRAM, one thread, 3 / 8 tokens, adjacent rows -> runs:
+  // 512 x 2048 74 / 193-240 -> 55 / 132-136 us, Kimi-K2's 2048 x 7168 900 / 2200 -> 790 / 1790; but
+  // 2048 x 512 (256-byte rows) 52 / 130 -> 55-62 / 138-157, as the passes of 2 decode each row twice as
+  // often (a Zen 4 core, two interleaved rounds of medians of 3).
+  int64_t n = n0;
+  if (T <= 2 || (T <= 8 && w.words_per_row * 8 >= 2048)) {
+    constexpr int kRuns = 4;
+    const int64_t run = (n1 - n) / kRuns;
+    for (int64_t i = 0; i < run; ++i, ++n) rows_pass<kRuns, 2, kGroup32>(xq, T, ldxq, w, {n, run}, y + (n - n0), ldy);
+    n += (kRuns - 1) * run;
+  }
+  for (; n + 2 <= n1; n += 2) rows_pass<2, 4, kGroup32>(xq, T, ldxq, w, {n, 1}, y + (n - n0), ldy);
+  for (; n < n1; ++n) rows_pass<1, 4, kGroup32>(xq, T, ldxq, w, {n, 1}, y + (n - n0), ldy);
 }
 
 }  // namespace
@@ -292,22 +316,8 @@ void MOE_INT8_KERNEL(const float* x, int64_t M, int64_t ldx, const WeightView& w
   for (int64_t m0 = 0; m0 < M; m0 += macro) {
     const int64_t T = std::min(macro, M - m0);
     quantize_x(x + m0 * ldx, T, ldx, K, rows.blocks, xq, ldxq);
-    float* ym = y + m0 * ldy;
-    // 1-2 tokens, and up to 8 on rows of 1 KiB or more: 4 runs of consecutive rows, one row of each at a
-    // time, each run read as one long stream, in passes of 2 tokens; else 2 adjacent rows in passes of 4.
-    // Rows left over go one at a time. From DRAM, one thread, 3 / 8 tokens, adjacent rows -> runs:
-    // 512 x 2048 74 / 193-240 -> 55 / 132-136 us, Kimi-K2's 2048 x 7168 900 / 2200 -> 790 / 1790; but
-    // 2048 x 512 (256-byte rows) 52 / 130 -> 55-62 / 138-157, as the passes of 2 decode each row twice as
-    // often (a Zen 4 core, two interleaved rounds of medians of 3).
-    int64_t n = n0;
-    if (T <= 2 || (T <= 8 && K >= 2048)) {
-      constexpr int kRuns = 4;
-      const int64_t run = (n1 - n) / kRuns;
-      for (int64_t i = 0; i < run; ++i, ++n) rows_pass<kRuns, 2>(xq, T, ldxq, rows, {n, run}, ym + (n - n0), ldy);
-      n += (kRuns - 1) * run;
-    }
-    for (; n + 2 <= n1; n += 2) rows_pass<2, 4>(xq, T, ldxq, rows, {n, 1}, ym + (n - n0), ldy);
-    for (; n < n1; ++n) rows_pass<1, 4>(xq, T, ldxq, rows, {n, 1}, ym + (n - n0), ldy);
+    if (rows.group == 32) rows_of<true>(xq, T, ldxq, rows, n0, n1, y + m0 * ldy, ldy);
+    else rows_of<false>(xq, T, ldxq, rows, n0, n1, y + m0 * ldy, ldy);
   }
 }
 
