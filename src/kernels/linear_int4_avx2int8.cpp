@@ -283,23 +283,38 @@ void rows_pass(const XBlock* xq, int64_t T, int64_t ldxq, const Int4Matrix& w, R
   }
 }
 
+// Whether 3-8 tokens on rows of 2048 columns or more go as 2 runs in passes of 4 tokens (8 accumulators)
+// rather than 4 runs in passes of 2, which decode every row once per 2 tokens: Zen 3, two threads from DRAM,
+// 512 x 2048 at 3 / 4 / 6 / 8 tokens 0.81 / 0.89 / 0.95 / 0.90x the time, Kimi-K2's 2048 x 7168 0.80 /
+// 0.86 / 0.91 / 0.89x; one thread in L2 0.85-0.91x (docs/kernel-notes.md, "avx2int8: ..."). At 2 tokens 2
+// runs measured 0.93-1.06x, and on shorter rows (2048 x 512) 1.01-1.13x: both keep their blocking. The
+// VNNI build (two rows per 512-bit vector, Zen 4 and 5) keeps 4 runs until measured there.
+inline constexpr bool kTwoRunsFromThreeTokens = !MOE_INT8_VNNI;
+
 // Rows [n0, n1) against the T tokens of xq. kGroup32: w.group is 32 (checked by the caller).
 template <bool kGroup32>
 void rows_of(const XBlock* xq, int64_t T, int64_t ldxq, const Int4Matrix& w, int64_t n0, int64_t n1, float* y,
              int64_t ldy) {
-  // 1-2 tokens, and up to 8 on rows of 1 KiB or more: 4 runs of consecutive rows, one row of each at a
-  // time, each run read as one long stream, in passes of 2 tokens; else 2 adjacent rows in passes of 4.
-  // Rows left over go one at a time. From DRAM, one thread, 3 / 8 tokens, adjacent rows -> runs:
-  // 512 x 2048 74 / 193-240 -> 55 / 132-136 us, Kimi-K2's 2048 x 7168 900 / 2200 -> 790 / 1790; but
-  // 2048 x 512 (256-byte rows) 52 / 130 -> 55-62 / 138-157, as the passes of 2 decode each row twice as
-  // often (a Zen 4 core, two interleaved rounds of medians of 3).
+  // 1-2 tokens, and up to 8 on rows of 2048 columns or more: runs of consecutive rows, one row of each at a
+  // time, each run read as one long stream; else 2 adjacent rows in passes of 4. Rows left over go one at
+  // a time. From DRAM, one thread, 3 / 8 tokens, adjacent rows -> 4 runs in passes of 2: 512 x 2048 74 /
+  // 193-240 -> 55 / 132-136 us, Kimi-K2's 2048 x 7168 900 / 2200 -> 790 / 1790; but 2048 x 512 (256-byte
+  // rows) 52 / 130 -> 55-62 / 138-157, as the passes of 2 decode each row twice as often (a Zen 4 core,
+  // two interleaved rounds of medians of 3).
+  const auto runs = [&](auto count, auto pass) {
+    constexpr int kRuns = decltype(count)::value, kPass = decltype(pass)::value;
+    const int64_t run = (n1 - n0) / kRuns;
+    for (int64_t i = 0; i < run; ++i)
+      rows_pass<kRuns, kPass, kGroup32>(xq, T, ldxq, w, {n0 + i, run}, y + i, ldy);
+    return n0 + kRuns * run;
+  };
+  using std::integral_constant;
   int64_t n = n0;
-  if (T <= 2 || (T <= 8 && w.words_per_row * 8 >= 2048)) {
-    constexpr int kRuns = 4;
-    const int64_t run = (n1 - n) / kRuns;
-    for (int64_t i = 0; i < run; ++i, ++n) rows_pass<kRuns, 2, kGroup32>(xq, T, ldxq, w, {n, run}, y + (n - n0), ldy);
-    n += (kRuns - 1) * run;
-  }
+  const bool long_rows = w.words_per_row * 8 >= 2048;
+  if (T <= 2 || (T <= 8 && long_rows && !kTwoRunsFromThreeTokens))
+    n = runs(integral_constant<int, 4>{}, integral_constant<int, 2>{});
+  else if (T <= 8 && long_rows)
+    n = runs(integral_constant<int, 2>{}, integral_constant<int, 4>{});
   for (; n + 2 <= n1; n += 2) rows_pass<2, 4, kGroup32>(xq, T, ldxq, w, {n, 1}, y + (n - n0), ldy);
   for (; n < n1; ++n) rows_pass<1, 4, kGroup32>(xq, T, ldxq, w, {n, 1}, y + (n - n0), ldy);
 }
