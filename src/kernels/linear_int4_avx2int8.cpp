@@ -286,9 +286,10 @@ void rows_pass(const XBlock* xq, int64_t T, int64_t ldxq, const Int4Matrix& w, R
 // Whether 3-8 tokens on rows of 2048 columns or more go as 2 runs in passes of 4 tokens (8 accumulators)
 // rather than 4 runs in passes of 2, which decode every row once per 2 tokens: Zen 3, two threads from DRAM,
 // 512 x 2048 at 3 / 4 / 6 / 8 tokens 0.81 / 0.89 / 0.95 / 0.90x the time, Kimi-K2's 2048 x 7168 0.80 /
-// 0.86 / 0.91 / 0.89x; one thread in L2 0.85-0.91x (docs/kernel-notes.md, "avx2int8: ..."). At 2 tokens 2
-// runs measured 0.93-1.06x, and on shorter rows (2048 x 512) 1.01-1.13x: both keep their blocking. The
-// VNNI build (two rows per 512-bit vector, Zen 4 and 5) keeps 4 runs until measured there.
+// 0.86 / 0.91 / 0.89x; one thread in L2 0.85-0.91x (docs/kernel-notes.md, "avx2int8: the group size known
+// at compile time"). At 2 tokens 2 runs measured 0.93-1.06x, and on shorter rows (2048 x 512) 1.01-1.13x:
+// both keep their blocking. The VNNI build (two rows per 512-bit vector, Zen 4 and 5) keeps 4 runs until
+// measured there.
 inline constexpr bool kTwoRunsFromThreeTokens = !MOE_INT8_VNNI;
 
 // Rows [n0, n1) against the T tokens of xq. kGroup32: w.group is 32 (checked by the caller).
