@@ -44,6 +44,16 @@ struct RowRuns {
   int64_t n = 0, run = 1;
 };
 
+// Rows [n, n1) as R runs of (n1 - n) / R consecutive rows: pass(at) for at = {n + i, run}, i < run, each
+// call taking one row of every run, so that each run is read front to back as one stream. Returns the
+// first row left over (fewer than R of them).
+template <int R, class Pass>
+[[gnu::always_inline]] inline int64_t walk_runs(int64_t n, int64_t n1, Pass&& pass) {
+  const int64_t run = (n1 - n) / R;
+  for (int64_t i = 0; i < run; ++i) pass(RowRuns{n + i, run});
+  return n + R * run;
+}
+
 // With runs, each row's words are streamed this far ahead of its reads (on into the run's next row), and its
 // scales as far ahead in their own array. The kernels keep their row and prefetch pointers in local arrays:
 // the same pointers in a struct (or a streaming helper object) measured 5-15% slower.

@@ -189,12 +189,8 @@ void linear_int4_avx2(const float* x, int64_t M, int64_t ldx, const WeightView& 
     // us, 2048x512 at 3 / 8 / 16 125 / 279 / 549 -> 85 / 216 / 460, 2048x7168 at 3 / 8 / 16 1748 / 3722 /
     // 7259 -> 1235 / 3329 / 6556; 512x2048 at 16 and 32 tokens (128 KiB of x) 551 / 1069 -> 671 / 1338.
     int64_t n = n0;
-    if (T == 1) {
-      constexpr int kRuns = 4;
-      const int64_t run = (n1 - n) / kRuns;
-      for (int64_t i = 0; i < run; ++i, ++n) rows_pass<kRuns, true>(xt, T, ldxt, rows, {n, run}, ym + (n - n0), ldy);
-      n += (kRuns - 1) * run;
-    }
+    if (T == 1)
+      n = walk_runs<4>(n, n1, [&](RowRuns at) { rows_pass<4, true>(xt, T, ldxt, rows, at, ym + (at.n - n0), ldy); });
     if (T < 3 || (T > 8 && T * ldxt > kNearXFloats))
       for (; n + 2 <= n1; n += 2) rows_pass<2, false>(xt, T, ldxt, rows, {n, 1}, ym + (n - n0), ldy);
     for (; n < n1; ++n) rows_pass<1, false>(xt, T, ldxt, rows, {n, 1}, ym + (n - n0), ldy);

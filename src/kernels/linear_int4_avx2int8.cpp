@@ -302,20 +302,12 @@ void rows_of(const XBlock* xq, int64_t T, int64_t ldxq, const Int4Matrix& w, int
   // 193-240 -> 55 / 132-136 us, Kimi-K2's 2048 x 7168 900 / 2200 -> 790 / 1790; but 2048 x 512 (256-byte
   // rows) 52 / 130 -> 55-62 / 138-157, as the passes of 2 decode each row twice as often (a Zen 4 core,
   // two interleaved rounds of medians of 3).
-  const auto runs = [&](auto count, auto pass) {
-    constexpr int kRuns = decltype(count)::value, kPass = decltype(pass)::value;
-    const int64_t run = (n1 - n0) / kRuns;
-    for (int64_t i = 0; i < run; ++i)
-      rows_pass<kRuns, kPass, kGroup32>(xq, T, ldxq, w, {n0 + i, run}, y + i, ldy);
-    return n0 + kRuns * run;
-  };
-  using std::integral_constant;
   int64_t n = n0;
   const bool long_rows = w.words_per_row * 8 >= 2048;
   if (T <= 2 || (T <= 8 && long_rows && !kTwoRunsFromThreeTokens))
-    n = runs(integral_constant<int, 4>{}, integral_constant<int, 2>{});
+    n = walk_runs<4>(n, n1, [&](RowRuns at) { rows_pass<4, 2, kGroup32>(xq, T, ldxq, w, at, y + (at.n - n0), ldy); });
   else if (T <= 8 && long_rows)
-    n = runs(integral_constant<int, 2>{}, integral_constant<int, 4>{});
+    n = walk_runs<2>(n, n1, [&](RowRuns at) { rows_pass<2, 4, kGroup32>(xq, T, ldxq, w, at, y + (at.n - n0), ldy); });
   for (; n + 2 <= n1; n += 2) rows_pass<2, 4, kGroup32>(xq, T, ldxq, w, {n, 1}, y + (n - n0), ldy);
   for (; n < n1; ++n) rows_pass<1, 4, kGroup32>(xq, T, ldxq, w, {n, 1}, y + (n - n0), ldy);
 }
