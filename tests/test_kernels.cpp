@@ -427,6 +427,47 @@ TEST_P(KernelIsa, Fp8BlockCodesGiveTheBitsOfTheScan) {
   }
 }
 
+// On rows of whole blocks the table decides most blocks alone and the others take the general choice, in
+// every mix across the rows read together (runs a quarter, a third or half of the rows apart; 4 tokens go
+// as 2 runs on AVX2): every row of 7 but one has a zero or subnormal code, row 10 a NaN, and the last row
+// block a scale of 2^8. The bits are the scan's, and each row's the same read alone or in another range.
+TEST_P(KernelIsa, Fp8TableOnWholeBlocksGivesTheBitsOfTheScan) {
+  constexpr int64_t N = 264, K = 512, kColBlocks = K / 128;
+  TestWeight w = make_weight(DType::kF8E4M3, N, K, 43);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t k = 0; k < K; ++k) {
+      uint8_t& c = w.fp8[static_cast<size_t>(r * K + k)];
+      if ((c & 0x78) == 0 && r % 7 != 3) c |= 0x08;  // normal, but for rows 3, 10, 17, ...
+    }
+  w.fp8[10 * K + 300] = 0x7f;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> us(1e-3f, 1e-1f);
+  for (float& s : w.scales) s = us(rng);
+  w.scales[2 * kColBlocks + 1] = 256.0f;  // rows 256-263, columns 128-255
+  std::vector<uint8_t> codes(static_cast<size_t>(fp8_block_codes_size(w.view)));
+  fp8_block_codes(w.view, codes.data());
+  WeightView classified = w.view;
+  classified.fp8_codes = codes.data();
+  for (int64_t M : {1, 2, 3, 4, 5, 9}) {
+    SCOPED_TRACE(::testing::Message() << "M=" << M);
+    const std::vector<float> x = make_x(M, K, 11);
+    std::vector<float> scanned(static_cast<size_t>(M * N)), got(scanned.size());
+    linear(isa(), x.data(), M, K, w.view, 0, N, scanned.data(), N);
+    linear(isa(), x.data(), M, K, classified, 0, N, got.data(), N);
+    ASSERT_EQ(0, std::memcmp(scanned.data(), got.data(), got.size() * sizeof(float)));
+    EXPECT_TRUE(std::isnan(got[10]));
+    // Other groupings of the same rows: each row alone, and a range whose runs start elsewhere.
+    std::vector<float> part(static_cast<size_t>(M * N));
+    for (int64_t n = 0; n < N; n += 37) {
+      linear(isa(), x.data(), M, K, classified, n, n + 1, part.data(), N);
+      for (int64_t m = 0; m < M; ++m) ASSERT_EQ(0, std::memcmp(&part[m * N + n], &got[m * N + n], sizeof(float))) << n;
+    }
+    linear(isa(), x.data(), M, K, classified, 5, 250, part.data(), N);
+    for (int64_t m = 0; m < M; ++m)
+      ASSERT_EQ(0, std::memcmp(&part[m * N + 5], &got[m * N + 5], 245 * sizeof(float))) << m;
+  }
+}
+
 // The planted fault: a table that calls every block normal sends the NaN block down the fast decoding on
 // the AVX2 and AVX-512 paths, which read the table, and the NaN is lost; so the test above would see a
 // table that is ignored or misread.

@@ -48,10 +48,11 @@ inline void dot_rows(const float* x, int64_t ldx, int64_t K, RowCursor<V, D> (&r
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) acc[r][t] = V::zero();
-  // fp8 on AVX2 at 4 tokens (3 runs x 4 accumulators) keeps the fp16 route: with the fast decoding it ran
-  // 1.25x slower (one thread, fp8 2048x7168 from DRAM on a Zen 4 core, 1960 -> 2480 us), at 1-3 tokens 1.25-1.3x
-  // faster.
-  constexpr bool kFp8Fast = !(V::kTokens < 4 && T >= 4);
+  // fp8 on AVX2 as 3 runs x 4 tokens kept the fp16 route: with the fast decoding it ran 1.25x slower (one
+  // thread, fp8 2048x7168 from DRAM on a Zen 4 core, 1960 -> 2480 us), at 1-3 tokens 1.25-1.3x faster.
+  // 4 tokens now go as 2 runs (kTwoFp8Runs), which take the fast decoding, so on AVX2 no fp8 call reads
+  // 3 or more rows against 4 tokens here; the condition stays for a blocking that would.
+  constexpr bool kFp8Fast = !(V::kTokens < 4 && T >= 4 && R > 2);
   // One vector of columns from k in decoding P (chosen once per block, outside the loops over k: a per-load
   // branch costs more than the decoding itself).
   const auto step = [&](int64_t k, auto path) __attribute__((always_inline)) {
@@ -203,10 +204,19 @@ void run_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, int
   V::template hsum_acc_strided<R, T>(acc, y, ldy, run);
 }
 
+// fp8 on AVX2 at 4 tokens: 2 runs, whose 8 accumulators leave room for the fast decoding's registers
+// (dot_rows). Zen 3, against 3 runs on the fp16 route, weights with a zero or subnormal code in 1% of
+// blocks: two threads from DRAM, 2048x7168 0.86-0.87x the time, 7168x2048 0.86-0.91x; one thread in L2,
+// 64x7168, 0.98-1.04x (0.84-0.85x without such blocks). 2 runs on the fp16 route measured 0.90-0.99x, 3
+// runs decoded fast 0.86-0.97x, and 2 runs at 3 tokens 0.97-1.04x (docs/kernel-notes.md, "fp8 at 4 tokens
+// as 2 runs").
+template <class V, DType D>
+inline constexpr bool kTwoFp8Runs = D == DType::kF8E4M3 && V::kTokens < 4;
+
 // Rows [n, n1) as runs against M <= kRunTokens tokens (or 5-6, kRunSix), y at column n; returns the first
 // row left over (fewer than a run's count). 4 runs, or 3 on AVX2 from 3 tokens, so that 3 x 4 accumulators
-// fit its 16 registers (2 runs measured 20-40% slower at 1 token, 6 and 8 slower); passes of at most 4
-// tokens (5-6 as 3 + 2-3, or one pass where kRunSix), the later ones re-reading the rows from L1.
+// fit its 16 registers (2 runs measured 20-40% slower at 1 token, 6 and 8 slower; kTwoFp8Runs); passes of
+// at most 4 tokens (5-6 as 3 + 2-3, or one pass where kRunSix), the later ones re-reading the rows from L1.
 template <class V, DType D>
 int64_t run_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, int64_t n, int64_t n1, float* y,
                  int64_t ldy) {
@@ -235,6 +245,7 @@ int64_t run_rows(const float* x, int64_t M, int64_t ldx, const WeightView& w, in
       }
     return n + R * run;
   };
+  if (kTwoFp8Runs<V, D> && M == 4) return runs(std::integral_constant<int, 2>{});
   if (V::kTokens < 4 && M >= 3) return runs(std::integral_constant<int, 3>{});
   return runs(std::integral_constant<int, 4>{});
 }
