@@ -469,7 +469,7 @@ TEST_P(KernelIsa, Fp8TableOnWholeBlocksGivesTheBitsOfTheScan) {
 }
 
 // The planted fault: a table that calls every block normal sends the NaN block down the fast decoding on
-// the AVX2 and AVX-512 paths, which read the table, and the NaN is lost; so the test above would see a
+// the AVX2 and AVX-512 paths, which read the table, and the NaN is lost; so the tests above would see a
 // table that is ignored or misread.
 TEST_P(KernelIsa, Fp8BlockCodesAreWhatTheKernelsRead) {
   if (isa() != Isa::kAvx2 && isa() != Isa::kAvx512) GTEST_SKIP() << "this ISA does not read the table";
