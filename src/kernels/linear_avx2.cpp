@@ -130,7 +130,7 @@ struct Avx2 {
   // the NaN codes masked in. One thread, fp8 2048x7168 from DRAM on a Zen 4 core, every block on the fp16
   // route -> the fast path: 1 / 2 / 3 / 5 / 8 tokens 1345 / 1540 / 1695 / 3120-3355 / 3780-4240 -> 1004 /
   // 1222 / 1400 / 2830-2950 / 3545 us; 4 tokens, as 3 runs, kept the fp16 route, and as 2 runs take the
-  // fast one (dot_rows, run_rows).
+  // fast one (kTwoFp8Runs in linear_simd.h).
   // One register per row (at 3-4 tokens the runs' accumulators and their scales fill the 16; two, as on
   // AVX-512, measured the same at 1-3 tokens). Rows decoded together take the slowest of their
   // paths, so a row on the fast path may be decoded on another: its scale * 2^8 is then s * 2^-112, the

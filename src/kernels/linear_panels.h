@@ -99,7 +99,7 @@ void micro_panel(const float* x, int64_t ldx, float (*panel)[C], int64_t c0, int
       if constexpr (V::kFp8TableBlocks) {
         bool table = true;
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) table &= fill[r].template table_block<true>(kb / kScaleBlock);
+        for (int r = 0; r < R; ++r) table &= fill[r].table_block(kb / kScaleBlock);
         if (table) {
           steps_to(std::min(c1, kb + kScaleBlock), std::integral_constant<int, kFastPath>{});
           continue;

@@ -48,11 +48,6 @@ inline void dot_rows(const float* x, int64_t ldx, int64_t K, RowCursor<V, D> (&r
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) acc[r][t] = V::zero();
-  // fp8 on AVX2 as 3 runs x 4 tokens kept the fp16 route: with the fast decoding it ran 1.25x slower (one
-  // thread, fp8 2048x7168 from DRAM on a Zen 4 core, 1960 -> 2480 us), at 1-3 tokens 1.25-1.3x faster.
-  // 4 tokens now go as 2 runs (kTwoFp8Runs), which take the fast decoding, so on AVX2 no fp8 call reads
-  // 3 or more rows against 4 tokens here; the condition stays for a blocking that would.
-  constexpr bool kFp8Fast = !(V::kTokens < 4 && T >= 4 && R > 2);
   // One vector of columns from k in decoding P (chosen once per block, outside the loops over k: a per-load
   // branch costs more than the decoding itself).
   const auto step = [&](int64_t k, auto path) __attribute__((always_inline)) {
@@ -76,16 +71,15 @@ inline void dot_rows(const float* x, int64_t ldx, int64_t K, RowCursor<V, D> (&r
     if constexpr (D == DType::kF8E4M3 && V::kFp8TableBlocks) {
       bool table = true;
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) table &= rows[r].template table_block<kFp8Fast>(kb / kScaleBlock);
+      for (int r = 0; r < R; ++r) table &= rows[r].table_block(kb / kScaleBlock);
       if (table) {
         prefetch(kb, kb + kScaleBlock);
-        constexpr int kPath = kFp8Fast ? kFastPath : kSubnormalPath;
-        for (int64_t k = kb; k < kb + kScaleBlock; k += L) step(k, std::integral_constant<int, kPath>{});
+        for (int64_t k = kb; k < kb + kScaleBlock; k += L) step(k, std::integral_constant<int, kFastPath>{});
         continue;
       }
     }
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) rows[r].block(kb / kScaleBlock, kFp8Fast);
+    for (int r = 0; r < R; ++r) rows[r].block(kb / kScaleBlock);
     const int64_t kend = std::min(K, kb + kScaleBlock);
     prefetch(kb, kend);
     int64_t k = kb;
@@ -204,8 +198,10 @@ void run_kernel(const float* x, int64_t ldx, const WeightView& w, int64_t n, int
   V::template hsum_acc_strided<R, T>(acc, y, ldy, run);
 }
 
-// fp8 on AVX2 at 4 tokens: 2 runs, whose 8 accumulators leave room for the fast decoding's registers
-// (dot_rows). Zen 3, against 3 runs on the fp16 route, weights with a zero or subnormal code in 1% of
+// fp8 on AVX2 at 4 tokens: 2 runs, whose 8 accumulators leave room for the fast decoding's registers. As
+// 3 runs x 4 tokens the fp16 route was kept, the fast decoding having run 1.25x slower there (one thread,
+// fp8 2048x7168 from DRAM on a Zen 4 core, 1960 -> 2480 us); every fp8 block the table or the scan finds
+// normal now takes the fast decoding. Zen 3, against 3 runs on the fp16 route, weights with a zero or subnormal code in 1% of
 // blocks: two threads from DRAM, 2048x7168 0.86-0.87x the time, 7168x2048 0.86-0.91x; one thread in L2,
 // 64x7168, 0.98-1.04x (0.84-0.85x without such blocks). 2 runs on the fp16 route measured 0.90-0.99x, 3
 // runs decoded fast 0.86-0.97x, and 2 runs at 3 tokens 0.97-1.04x (docs/kernel-notes.md, "fp8 at 4 tokens

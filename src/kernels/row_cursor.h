@@ -35,7 +35,7 @@ template <class V>
 struct RowCursor<V, DType::kF32> {
   const float* p = nullptr;
   void set(const WeightView& w, int64_t r) { p = static_cast<const float*>(w.data) + r * w.cols; }
-  void block(int64_t, bool = true) {}
+  void block(int64_t) {}
   static constexpr int path() { return kFastPath; }
   template <int P>
   typename V::Reg load(int64_t k) const { return V::load(p + k); }
@@ -46,7 +46,7 @@ template <class V>
 struct RowCursor<V, DType::kBF16> {
   const uint16_t* p = nullptr;
   void set(const WeightView& w, int64_t r) { p = static_cast<const uint16_t*>(w.data) + r * w.cols; }
-  void block(int64_t, bool = true) {}
+  void block(int64_t) {}
   static constexpr int path() { return kFastPath; }
   template <int P>
   typename V::Reg load(int64_t k) const { return V::load_bf16(p + k); }
@@ -69,21 +69,19 @@ struct RowCursor<V, DType::kF8E4M3> {
   }
   const uint8_t* row_end = nullptr;
   int64_t whole_blocks = 0;  // blocks of a full 128 columns
-  // fast: whether the block may take kFastPath (dot_rows: not where the fast decoding measured slower).
   // The decoding the block needs, from its codes (the view's table, or V's scan of the bytes) and its
   // scale: kFastPath for normal codes only, |scale| < 2^7 and a whole block; kExactPath for a NaN code or
   // |scale| >= 2^100; kSubnormalPath otherwise (see the ISA traits).
-  void block(int64_t kb, bool fast = true) {
+  void block(int64_t kb) {
     // The common case decided from the table alone (normal codes, a whole block, a small scale: the fast
-    // decoding, or the fp16 route where the caller said !fast), its scale registers made for that path
-    // only. The general decision below cost 8-17% of a call at 1-3 tokens (one thread, fp8 2048x7168 in
+    // decoding), its scale registers made for that path only. The general decision below cost 8-17% of a call at 1-3 tokens (one thread, fp8 2048x7168 in
     // L3, Zen 5, AVX2 kernels at 1 / 2 / 3 tokens 978 / 1217 / 1396 -> 810 / 1041 / 1210 us, AVX-512 548 /
     // 665 / 769 -> 517 / 656 / 727). The scale is loaded only once the table has said yes: loaded first,
     // one build ran a third slower in half of its runs (in L1, 4 fp8 rows x 7168 columns), this order in none.
     if (codes != nullptr && codes[kb] == kFp8Normal && kb < whole_blocks) {
       const float s = scales[kb];
       if (s < 0x1p7f && s > -0x1p7f) {
-        scale = fast ? V::fp8_scale(s, kFastPath, false) : V::fp8_scale(s, kSubnormalPath, false);
+        scale = V::fp8_scale(s, kFastPath, false);
         return;
       }
     }
@@ -91,8 +89,8 @@ struct RowCursor<V, DType::kF8E4M3> {
     const int n = static_cast<int>(std::min<int64_t>(kScaleBlock, row_end - b));
     const float s = scales[kb];
     const bool big = !(s < 0x1p100f && s > -0x1p100f);
-    fast = fast && s < 0x1p7f && s > -0x1p7f && n == kScaleBlock &&
-           (codes != nullptr ? codes[kb] == kFp8Normal : V::only_normal_codes(b));
+    const bool fast = s < 0x1p7f && s > -0x1p7f && n == kScaleBlock &&
+                      (codes != nullptr ? codes[kb] == kFp8Normal : V::only_normal_codes(b));
     int path = kFastPath;
     if (!fast) {
       const bool nan = codes != nullptr ? codes[kb] == kFp8NaN : V::has_nan_code(b, n);
@@ -100,14 +98,13 @@ struct RowCursor<V, DType::kF8E4M3> {
     }
     scale = V::fp8_scale(s, path, big);
   }
-  // block(kb, fast) for a block that the view's table alone decides: normal codes, a whole block, a scale
-  // below 2^7, so kFastPath (or kSubnormalPath where !fast). Returns whether it was such a block, its scale
-  // registers then set for that path (else block() must follow). No branch on the block: the caller
-  // branches once for all the rows it reads together.
-  template <bool kFast>
+  // block(kb) for a block that the view's table alone decides: normal codes, a whole block, a scale below
+  // 2^7, so kFastPath. Returns whether it was such a block, its scale registers then set for that path
+  // (else block() must follow). No branch on the block: the caller branches once for all the rows it reads
+  // together.
   bool table_block(int64_t kb) {
     const float s = scales[kb];
-    scale = V::fp8_scale(s, kFast ? kFastPath : kSubnormalPath, false);
+    scale = V::fp8_scale(s, kFastPath, false);
     if (codes == nullptr) return false;
     return (codes[kb] == kFp8Normal) & (kb < whole_blocks) & (s < 0x1p7f) & (s > -0x1p7f);
   }
